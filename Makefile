@@ -1,0 +1,90 @@
+# spark.c — build, test and run.
+#
+#   make          build/spark (and build/libspark.a, examples)
+#   make run      the README's main command on the embedded default model
+#   make test     the whole suite, with a normal build and under ASan+UBSan
+#
+# Sources are found by wildcard: a new .c file under src/ joins the library,
+# src/cli/ and src/server/ make the binary, tests/c/test_*.c each become a
+# test program run by tests/run.py.
+
+CC      ?= gcc
+PYTHON  ?= python3
+BUILD   ?= build
+OPT     ?= -O2
+SAN     ?=
+CFLAGS  += -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter \
+           -Iinclude -Isrc -fopenmp -MMD -MP $(SAN)
+LDLIBS  += -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread
+LDFLAGS += -fopenmp $(SAN)
+
+LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/server/*' -not -path 'src/backend/cuda/*' | sort)
+BIN_SRC  := $(shell find src/cli src/server -name '*.c' 2>/dev/null | sort)
+TEST_SRC := $(wildcard tests/c/test_*.c)
+TEST_SUPPORT := $(filter-out $(TEST_SRC),$(wildcard tests/c/*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+BIN_OBJ  := $(BIN_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
+
+DEFAULT_MODEL ?= models/spark-tiny
+RUN_PROMPT    ?= And God said,
+
+.PHONY: all run test test-fast test-asan deps sysdeps pydeps clean
+all: sysdeps $(BUILD)/spark $(TEST_BIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libspark.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/spark: $(BIN_OBJ) $(BUILD)/libspark.a
+	$(CC) $(LDFLAGS) -o $@ $(BIN_OBJ) $(BUILD)/libspark.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/c/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libspark.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Itests/c -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libspark.a $(LDLIBS)
+
+# ---- dependencies ---------------------------------------------------------
+SYS_HEADERS := /usr/include/pcre2.h /usr/include/cjson/cJSON.h /usr/include/microhttpd.h
+SYS_PKGS    := libpcre2-dev libcjson-dev libmicrohttpd-dev
+sysdeps:
+	@missing=""; for h in $(SYS_HEADERS); do [ -f $$h ] || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing $(SYS_PKGS) with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYS_PKGS) >/dev/null || exit 1; \
+	  else \
+	    echo "missing system packages; run: sudo apt-get install -y $(SYS_PKGS)"; exit 1; \
+	  fi; \
+	fi
+
+pydeps:
+	@$(PYTHON) -c "import numpy, gguf, safetensors, tokenizers, pytest, jinja2" 2>/dev/null || \
+	  $(PYTHON) -m pip install -q -r tools/requirements.txt
+
+deps: sysdeps pydeps
+
+# ---- running --------------------------------------------------------------
+run: all
+	$(BUILD)/spark run -m $(DEFAULT_MODEL) -p "$(RUN_PROMPT)" -n 64
+
+# ---- tests ----------------------------------------------------------------
+# The suite runs twice: optimised, then under AddressSanitizer + UBSan.
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory all BUILD=build-asan OPT=-O1 \
+	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+	$(PYTHON) tests/run.py --build build --build build-asan
+
+test-fast: deps all
+	$(PYTHON) tests/run.py --build build
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find build build-asan -name '*.d' 2>/dev/null)

@@ -1,0 +1,22 @@
+/*
+ * safetensors.h — a validating reader for Hugging Face safetensors files.
+ *
+ * Reads either `DIR/model.safetensors` or the shards named by
+ * `DIR/model.safetensors.index.json` into one tensor_dir. Each file's JSON
+ * header is parsed with cJSON; every offset is checked against the file's
+ * data section, shapes against byte sizes, and duplicate names across shards
+ * are refused. Errors name the file and the tensor.
+ */
+#ifndef SPARK_IO_SAFETENSORS_H
+#define SPARK_IO_SAFETENSORS_H
+
+#include "io/tensor_dir.h"
+
+/* Load the tensors of the HF checkpoint directory `dir`. On failure *out is zeroed. */
+spark_status safetensors_open_dir(const char *dir, tensor_dir *out);
+
+/* Load one .safetensors file, appending its tensors to `dir` (which may be
+ * zeroed or already hold tensors from other shards). */
+spark_status safetensors_append_file(const char *path, tensor_dir *dir);
+
+#endif
