@@ -117,6 +117,8 @@ void spark_session_reset(spark_session *session);
 spark_status spark_session_eval(spark_session *session, const int32_t *ids, int32_t n,
                                 float *logits, int all_positions);
 
+/* ---- tokenizer (src/tokenizer/) ------------------------------------- */
+
 #ifdef __cplusplus
 }
 #endif

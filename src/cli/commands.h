@@ -1,0 +1,14 @@
+/*
+ * commands.h — one function per `spark` sub-command, each in its own
+ * cmd_*.c file. A command gets argv starting at its own name and returns the
+ * process exit status: 0 success, 1 runtime failure (message printed),
+ * 2 bad usage (one line naming the flag).
+ */
+#ifndef SPARK_CLI_COMMANDS_H
+#define SPARK_CLI_COMMANDS_H
+
+int cmd_inspect(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+/* ---- tokenizer commands (cmd_tokenize.c) ---- */
+
+#endif

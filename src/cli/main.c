@@ -1,0 +1,43 @@
+/*
+ * main.c — the `spark` command: dispatch to a sub-command.
+ */
+#include "cli/commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"inspect", cmd_inspect, "print a checkpoint's architecture, tensors and memory needs"},
+    {"logits", cmd_logits, "write the raw logits for a list of token ids to a .npy file"},
+    /* ---- tokenizer commands ---- */
+};
+
+static void print_usage(FILE *to)
+{
+    fprintf(to, "usage: spark COMMAND [options]   (spark COMMAND --help for its options)\n\n"
+                "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(to, "  %-14s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        print_usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "spark: unknown command '%s' (spark --help lists them)\n", argv[1]);
+    return 2;
+}
