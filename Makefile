@@ -13,7 +13,7 @@ PYTHON  ?= python3
 BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
-CFLAGS  += -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter \
+CFLAGS  += -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation \
            -Iinclude -Isrc -fopenmp -MMD -MP $(SAN)
 LDLIBS  += -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread
 LDFLAGS += -fopenmp $(SAN)

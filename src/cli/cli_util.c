@@ -1,0 +1,113 @@
+/*
+ * cli_util.c — argument parsing and output helpers for the CLI.
+ */
+#include "cli/cli_util.h"
+
+#include "spark.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *cli_flag_value(int argc, char **argv, int *i, const char *command)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "spark %s: %s needs a value\n", command, argv[*i]);
+        return NULL;
+    }
+    *i += 1;
+    return argv[*i];
+}
+
+int cli_parse_int(const char *command, const char *flag, const char *text, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < min || v > max) {
+        fprintf(stderr, "spark %s: %s expects an integer in [%ld, %ld], got '%s'\n", command, flag, min, max, text);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int cli_parse_float(const char *command, const char *flag, const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !isfinite(v)) {
+        fprintf(stderr, "spark %s: %s expects a finite number, got '%s'\n", command, flag, text);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int cli_parse_ids(const char *command, const char *text, int32_t **ids, int *n)
+{
+    size_t cap = 1;
+    for (const char *p = text; *p; p++) cap += *p == ',';
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) {
+        fprintf(stderr, "spark %s: out of memory\n", command);
+        return 0;
+    }
+    int count = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long id = strtol(p, &end, 10);
+        if (errno || end == p || id < 0 || id > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "spark %s: --ids expects comma-separated non-negative integers, got '%s'\n", command,
+                    text);
+            free(v);
+            return 0;
+        }
+        v[count++] = (int32_t)id;
+        p = *end ? end + 1 : end;
+    }
+    if (count == 0) {
+        fprintf(stderr, "spark %s: --ids is empty\n", command);
+        free(v);
+        return 0;
+    }
+    *ids = v;
+    *n = count;
+    return 1;
+}
+
+int npy_write_f32(const char *path, const float *data, const int64_t *shape, int ndim)
+{
+    char dict[256];
+    int len = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
+    size_t count = 1;
+    for (int i = 0; i < ndim; i++) {
+        len += snprintf(dict + len, sizeof dict - len, "%lld,%s", (long long)shape[i], i + 1 < ndim ? " " : "");
+        count *= (size_t)shape[i];
+    }
+    len += snprintf(dict + len, sizeof dict - len, "), }");
+    /* magic(6) + version(2) + header_len(2) + dict + padding + '\n' is a multiple of 64 */
+    int header = 10 + len + 1;
+    int pad = (64 - header % 64) % 64;
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    unsigned short hlen = (unsigned short)(len + pad + 1);
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xFF),
+                             (unsigned char)(hlen >> 8)};
+    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)len, f) == (size_t)len;
+    for (int i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
+    ok = ok && fputc('\n', f) != EOF;
+    ok = ok && fwrite(data, sizeof(float), count, f) == count; /* x86/ARM hosts are little-endian */
+    if (fclose(f) != 0) ok = 0;
+    return ok ? 0 : -1;
+}
+
+int cli_report_error(const char *command)
+{
+    fprintf(stderr, "spark %s: %s\n", command, spark_last_error());
+    return EXIT_RUNTIME;
+}

@@ -1,0 +1,33 @@
+/*
+ * cli_util.h — helpers shared by the sub-commands: strict number parsing,
+ * flag values, id lists, and a .npy writer.
+ */
+#ifndef SPARK_CLI_UTIL_H
+#define SPARK_CLI_UTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit statuses: runtime failure vs. bad usage. */
+enum { EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
+
+/* The value after flag argv[*i]; advances *i. Prints a usage line and
+ * returns NULL when it is missing. */
+const char *cli_flag_value(int argc, char **argv, int *i, const char *command);
+
+/* Whole-string integer / float parsing with range checks; on failure print
+ * "spark CMD: FLAG expects ..." and return 0. */
+int cli_parse_int(const char *command, const char *flag, const char *text, long min, long max, long *out);
+int cli_parse_float(const char *command, const char *flag, const char *text, double *out);
+
+/* "12,7,99" -> malloc'd ids; returns 0 (after printing) on a bad list. */
+int cli_parse_ids(const char *command, const char *text, int32_t **ids, int *n);
+
+/* Write a float32 C-order array of the given shape as NumPy .npy v1.0.
+ * Returns 0 on success, -1 (errno set) on failure. */
+int npy_write_f32(const char *path, const float *data, const int64_t *shape, int ndim);
+
+/* Print "spark CMD: <spark_last_error()>" to stderr and return EXIT_RUNTIME. */
+int cli_report_error(const char *command);
+
+#endif

@@ -1,0 +1,82 @@
+/*
+ * backend.h — the small set of operations the forward pass needs from a
+ * compute backend (CPU now, CUDA later).
+ *
+ * Activation buffers are opaque float pointers owned by the backend (host
+ * memory on the CPU, device memory on a GPU): engine/ never dereferences
+ * them, it only passes them between ops and copies results out with
+ * `download`. Every op works on `n` tokens at once (row-major [n, width]),
+ * so batched prefill and single-token decode are the same calls.
+ */
+#ifndef SPARK_ENGINE_BACKEND_H
+#define SPARK_ENGINE_BACKEND_H
+
+#include "model/model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One layer's KV cache. Full layers: slot = position. Sliding layers: a ring
+ * of `slots` = window entries, slot = position % slots. Rows are
+ * [n_head_kv * head_dim] float32, keys stored after rope. */
+typedef struct kv_layer {
+    float *k;        /* (slots, n_head_kv * head_dim) */
+    float *v;        /* (slots, n_head_kv * head_dim) */
+    int64_t slots;
+    int32_t window;  /* 0: full causal attention; else the sliding window */
+} kv_layer;
+
+typedef struct attn_shape {
+    int32_t n_head, n_head_kv, head_dim;
+    int64_t qkv_stride; /* floats between consecutive tokens' rows in the qkv buffer */
+    float scale;        /* head_dim^-0.5 */
+} attn_shape;
+
+typedef struct rope_class {
+    int32_t rot_dims;   /* rotated leading dims of each head */
+    double theta;
+} rope_class;
+
+typedef struct backend backend;
+
+typedef struct backend_ops {
+    const char *name;
+    spark_status (*alloc)(backend *be, size_t bytes, float **out); /* zeroed */
+    void (*release)(backend *be, float *buf);
+    void (*download)(backend *be, float *host_dst, const float *buf, size_t count);
+    void (*destroy)(backend *be);
+
+    /* out[t] = table row ids[t] (as float32) */
+    void (*embed)(backend *be, float *out, const weight_ref *table, const int32_t *ids, int n);
+    /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w */
+    void (*rmsnorm)(backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
+    /* out[t, r] = sum_c x[t, c] * W[r, c]   (x: [n, W.cols], out: [n, W.rows]) */
+    void (*matmul)(backend *be, float *out, const float *x, const weight_ref *w, int n);
+    /* NeoX rope on the first rot_dims of each of n_heads heads of every token
+     * row (row t at x + t*stride, position pos0 + t). */
+    void (*rope)(backend *be, float *x, int n, int64_t stride, int n_heads, int head_dim, int64_t pos0,
+                 const rope_class *rc);
+    /* Attention for n query tokens at positions pos0.. whose q|k|v rows are in
+     * `qkv`; keys before pos0 come from `cache`, keys at pos0.. from qkv.
+     * out: [n, n_head * head_dim]. */
+    void (*attention)(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
+                      const attn_shape *shape);
+    /* Write the k|v rows of the n tokens into the cache (rings keep the last slots). */
+    void (*kv_store)(backend *be, kv_layer *cache, const float *qkv, int64_t pos0, int n, const attn_shape *shape);
+    /* o[t, h, :] *= sigmoid(g[t, h]) */
+    void (*gate_heads)(backend *be, float *o, const float *g, int n, int n_head, int head_dim);
+    /* a[i] = gelu_erf(a[i]) * b[i] */
+    void (*gelu_mul)(backend *be, float *a, const float *b, int64_t count);
+    /* y[i] += x[i] */
+    void (*add)(backend *be, float *y, const float *x, int64_t count);
+} backend_ops;
+
+struct backend {
+    const backend_ops *ops;
+    int n_threads;
+};
+
+/* The CPU backend (backend/cpu). n_threads <= 0: all cores. */
+spark_status backend_cpu_create(int n_threads, backend **out);
+
+#endif

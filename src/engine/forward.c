@@ -1,0 +1,92 @@
+/*
+ * forward.c — the spark2_5 forward pass (SPEC §2), written once against the
+ * backend interface. Read it next to the SPEC's pseudo-code:
+ *
+ *   h = embedding[token]
+ *   for each layer: attention block (fused qkv, per-class rope, sliding or
+ *                   full attention, sigmoid head gate BEFORE out_proj), add;
+ *                   FFN block (gelu_erf(gate x) * up x, down), add
+ *   logits = rmsnorm(h) @ embedding^T
+ *
+ * A call handles one chunk of n tokens; the residual stream stays fp32.
+ */
+#include "engine/session.h"
+
+#include "base/error.h"
+
+const rope_class *rope_for_layer(const spark_session *s, int layer)
+{
+    /* full layers: partial rope at the long theta; sliding: whole head at 1e4 */
+    return &s->rope[s->model->cfg.layer_kind[layer]];
+}
+
+static void attention_block(spark_session *s, const layer_weights *L, int layer, int n)
+{
+    const spark_model_config *c = &s->model->cfg;
+    const backend_ops *be = s->be->ops;
+    const scratch *a = &s->s;
+    const attn_shape *sh = &s->shape;
+    const rope_class *rc = rope_for_layer(s, layer);
+    kv_layer *kv = &s->kv[layer];
+
+    be->rmsnorm(s->be, a->xn, a->x, L->attn_norm, n, c->n_embd, c->rms_eps);
+    be->matmul(s->be, a->qkv, a->xn, &L->qkv, n);  /* rows: q | k | v */
+    be->matmul(s->be, a->gate, a->xn, &L->gate, n); /* from the SAME normed x */
+
+    /* rope on q (n_head heads) and k (n_head_kv heads, right after q) */
+    be->rope(s->be, a->qkv, n, sh->qkv_stride, c->n_head, c->head_dim, s->pos, rc);
+    be->rope(s->be, a->qkv + config_q_dim(c), n, sh->qkv_stride, c->n_head_kv, c->head_dim, s->pos, rc);
+
+    be->attention(s->be, a->attn, a->qkv, kv, s->pos, n, sh);
+    be->kv_store(s->be, kv, a->qkv, s->pos, n, sh);
+
+    be->gate_heads(s->be, a->attn, a->gate, n, c->n_head, c->head_dim); /* before out_proj */
+    be->matmul(s->be, a->proj, a->attn, &L->out, n);
+    be->add(s->be, a->x, a->proj, (int64_t)n * c->n_embd);
+}
+
+static void ffn_block(spark_session *s, const layer_weights *L, int n)
+{
+    const spark_model_config *c = &s->model->cfg;
+    const backend_ops *be = s->be->ops;
+    const scratch *a = &s->s;
+
+    be->rmsnorm(s->be, a->xn, a->x, L->ffn_norm, n, c->n_embd, c->rms_eps);
+    be->matmul(s->be, a->ff_a, a->xn, &L->ffn_gate, n);
+    be->matmul(s->be, a->ff_b, a->xn, &L->ffn_up, n);
+    be->gelu_mul(s->be, a->ff_a, a->ff_b, (int64_t)n * c->n_ff);
+    be->matmul(s->be, a->proj, a->ff_a, &L->ffn_down, n);
+    be->add(s->be, a->x, a->proj, (int64_t)n * c->n_embd);
+}
+
+/* Final norm and tied head, for the last row only or for every row, in
+ * groups of HEAD_ROWS so the logits scratch stays small (131k floats a row). */
+static void head(spark_session *s, int n, float *logits, int all_positions)
+{
+    const spark_model *m = s->model;
+    const spark_model_config *c = &m->cfg;
+    const backend_ops *be = s->be->ops;
+    const scratch *a = &s->s;
+    for (int first = all_positions ? 0 : n - 1; first < n; first += HEAD_ROWS) {
+        int rows = n - first < HEAD_ROWS ? n - first : HEAD_ROWS;
+        be->rmsnorm(s->be, a->xn, a->x + (int64_t)first * c->n_embd, m->final_norm, rows, c->n_embd, c->rms_eps);
+        be->matmul(s->be, a->logits, a->xn, &m->head, rows);
+        be->download(s->be, logits, a->logits, (size_t)rows * (size_t)c->n_vocab);
+        logits += (size_t)rows * (size_t)c->n_vocab;
+    }
+}
+
+spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *logits, int all_positions)
+{
+    const spark_model *m = s->model;
+    ASSERT(n > 0 && n <= s->n_batch && s->pos + n <= s->n_ctx);
+
+    s->be->ops->embed(s->be, s->s.x, &m->embedding, ids, n); /* no scale, no norm */
+    for (int i = 0; i < m->cfg.n_layer; i++) {
+        attention_block(s, &m->layers[i], i, n);
+        ffn_block(s, &m->layers[i], n);
+    }
+    if (logits) head(s, n, logits, all_positions);
+    s->pos += n;
+    return SPARK_OK;
+}

@@ -1,0 +1,152 @@
+/*
+ * session.c — sessions: KV cache and scratch allocation, and
+ * spark_session_eval(), which validates a request and feeds it to the
+ * forward pass in chunks of at most n_batch tokens.
+ *
+ * Sliding layers get a ring of exactly `sliding_window` slots (or n_ctx if
+ * smaller); full layers one slot per context position. Memory is reserved
+ * by the backend; on the CPU large buffers are committed lazily, so a long
+ * context costs only what is used.
+ */
+#include "engine/session.h"
+
+#include "base/error.h"
+#include "base/mem.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { DEFAULT_BATCH = 512 };
+
+spark_session_options spark_session_default_options(void)
+{
+    return (spark_session_options){.n_ctx = 0, .n_batch = DEFAULT_BATCH, .n_threads = 0};
+}
+
+static spark_status alloc_floats(spark_session *s, int64_t count, float **out)
+{
+    return s->be->ops->alloc(s->be, (size_t)count * sizeof(float), out);
+}
+
+static spark_status alloc_kv(spark_session *s)
+{
+    const spark_model_config *c = &s->model->cfg;
+    s->kv = spark_calloc((size_t)c->n_layer, sizeof *s->kv, "KV cache table");
+    if (!s->kv) return SPARK_ERR_NOMEM;
+    int64_t row = config_kv_dim(c);
+    for (int i = 0; i < c->n_layer; i++) {
+        kv_layer *L = &s->kv[i];
+        int sliding = c->layer_kind[i] == SPARK_LAYER_SLIDING;
+        L->window = sliding ? c->sliding_window : 0;
+        L->slots = sliding && c->sliding_window < s->n_ctx ? c->sliding_window : s->n_ctx;
+        TRY(alloc_floats(s, L->slots * row, &L->k));
+        TRY(alloc_floats(s, L->slots * row, &L->v));
+    }
+    return SPARK_OK;
+}
+
+static spark_status alloc_scratch(spark_session *s)
+{
+    const spark_model_config *c = &s->model->cfg;
+    int64_t b = s->n_batch;
+    scratch *a = &s->s;
+    TRY(alloc_floats(s, b * c->n_embd, &a->x));
+    TRY(alloc_floats(s, b * c->n_embd, &a->xn));
+    TRY(alloc_floats(s, b * config_qkv_dim(c), &a->qkv));
+    TRY(alloc_floats(s, b * c->n_head, &a->gate));
+    TRY(alloc_floats(s, b * config_q_dim(c), &a->attn));
+    TRY(alloc_floats(s, b * c->n_embd, &a->proj));
+    TRY(alloc_floats(s, b * c->n_ff, &a->ff_a));
+    TRY(alloc_floats(s, b * c->n_ff, &a->ff_b));
+    TRY(alloc_floats(s, (int64_t)HEAD_ROWS * c->n_vocab, &a->logits));
+    return SPARK_OK;
+}
+
+static void describe_model(spark_session *s)
+{
+    const spark_model_config *c = &s->model->cfg;
+    s->rope[SPARK_LAYER_FULL] = (rope_class){.rot_dims = c->rope_dim_full, .theta = c->rope_theta_full};
+    s->rope[SPARK_LAYER_SLIDING] = (rope_class){.rot_dims = c->rope_dim_sliding, .theta = c->rope_theta_sliding};
+    s->shape = (attn_shape){.n_head = c->n_head,
+                            .n_head_kv = c->n_head_kv,
+                            .head_dim = c->head_dim,
+                            .qkv_stride = config_qkv_dim(c),
+                            .scale = (float)(1.0 / sqrt((double)c->head_dim))};
+}
+
+spark_status spark_session_create(spark_model *model, const spark_session_options *options, spark_session **out)
+{
+    *out = NULL;
+    spark_clear_error();
+    if (!model) return spark_fail(SPARK_ERR_ARG, "spark_session_create: no model");
+    spark_session_options o = options ? *options : spark_session_default_options();
+    const spark_model_config *c = &model->cfg;
+    if (o.n_ctx < 0 || o.n_batch < 0)
+        return spark_fail(SPARK_ERR_ARG, "context %d and batch %d must not be negative", o.n_ctx, o.n_batch);
+    if (o.n_ctx > c->max_ctx)
+        return spark_fail(SPARK_ERR_ARG, "context %d exceeds the model's maximum of %d positions", o.n_ctx,
+                          c->max_ctx);
+    spark_session *s = spark_calloc(1, sizeof *s, "session");
+    if (!s) return SPARK_ERR_NOMEM;
+    s->model = model;
+    s->n_ctx = o.n_ctx ? o.n_ctx : c->max_ctx;
+    s->n_batch = o.n_batch ? o.n_batch : DEFAULT_BATCH;
+    if (s->n_batch > s->n_ctx) s->n_batch = s->n_ctx;
+    describe_model(s);
+    spark_status st = backend_cpu_create(o.n_threads, &s->be);
+    if (st == SPARK_OK) st = alloc_kv(s);
+    if (st == SPARK_OK) st = alloc_scratch(s);
+    if (st != SPARK_OK) {
+        spark_session_free(s);
+        return st;
+    }
+    *out = s;
+    return SPARK_OK;
+}
+
+void spark_session_free(spark_session *s)
+{
+    if (!s) return;
+    if (s->be) {
+        float **bufs = (float **)&s->s;
+        for (size_t i = 0; i < sizeof s->s / sizeof(float *); i++) s->be->ops->release(s->be, bufs[i]);
+        if (s->kv) {
+            for (int i = 0; i < s->model->cfg.n_layer; i++) {
+                s->be->ops->release(s->be, s->kv[i].k);
+                s->be->ops->release(s->be, s->kv[i].v);
+            }
+        }
+        s->be->ops->destroy(s->be);
+    }
+    free(s->kv);
+    free(s);
+}
+
+int32_t spark_session_pos(const spark_session *s) { return (int32_t)s->pos; }
+int32_t spark_session_n_ctx(const spark_session *s) { return s->n_ctx; }
+void spark_session_reset(spark_session *s) { s->pos = 0; }
+
+spark_status spark_session_eval(spark_session *s, const int32_t *ids, int32_t n, float *logits, int all_positions)
+{
+    spark_clear_error();
+    const spark_model_config *c = &s->model->cfg;
+    if (n <= 0 || !ids) return spark_fail(SPARK_ERR_ARG, "spark_session_eval: no tokens given");
+    if (s->pos + n > s->n_ctx)
+        return spark_fail(SPARK_ERR_CONTEXT, "%d tokens at position %lld do not fit in the context of %d", n,
+                          (long long)s->pos, s->n_ctx);
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->n_vocab)
+            return spark_fail(SPARK_ERR_ARG, "token id %d (at index %d) is outside the vocabulary [0, %d)", ids[i], i,
+                              c->n_vocab);
+    for (int32_t done = 0; done < n;) {
+        int chunk = n - done < s->n_batch ? n - done : s->n_batch;
+        int last = done + chunk == n;
+        float *out = NULL;
+        if (logits && all_positions) out = logits + (size_t)done * (size_t)c->n_vocab;
+        if (logits && !all_positions && last) out = logits;
+        TRY(forward_chunk(s, ids + done, chunk, out, all_positions));
+        done += chunk;
+    }
+    return SPARK_OK;
+}

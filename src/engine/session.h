@@ -1,0 +1,44 @@
+/*
+ * session.h — a spark_session: one sequence's KV cache plus the scratch
+ * activations the forward pass needs for a chunk of up to n_batch tokens.
+ */
+#ifndef SPARK_ENGINE_SESSION_H
+#define SPARK_ENGINE_SESSION_H
+
+#include "engine/backend.h"
+
+enum { HEAD_ROWS = 32 }; /* logits are computed this many rows at a time */
+
+/* Every field is a backend buffer (session_free releases them as an array). */
+typedef struct scratch {
+    float *x;     /* (n_batch, n_embd) residual stream, fp32 */
+    float *xn;    /* (n_batch, n_embd) normalised input of a matrix product */
+    float *qkv;   /* (n_batch, qkv_dim) */
+    float *gate;  /* (n_batch, n_head) gate logits */
+    float *attn;  /* (n_batch, n_head * head_dim) */
+    float *proj;  /* (n_batch, n_embd) output of out_proj / down_proj */
+    float *ff_a;  /* (n_batch, n_ff) gate_proj, then gelu(gate)*up */
+    float *ff_b;  /* (n_batch, n_ff) up_proj */
+    float *logits;/* (HEAD_ROWS, n_vocab) */
+} scratch;
+
+struct spark_session {
+    spark_model *model;
+    backend *be;
+    int32_t n_ctx, n_batch;
+    int64_t pos;          /* tokens in the cache */
+    kv_layer *kv;         /* (n_layer) */
+    scratch s;
+    rope_class rope[SPARK_LAYER_KIND_COUNT];
+    attn_shape shape;
+};
+
+/* The rope (rotated dims, theta) of layer `layer`: its class's own. */
+const rope_class *rope_for_layer(const spark_session *s, int layer);
+
+/* Run n (<= n_batch) tokens at the session's position through the model.
+ * logits: NULL (no head), or [n_vocab] for the last token, or [n, n_vocab]
+ * with all_positions. Advances pos. */
+spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *logits, int all_positions);
+
+#endif
