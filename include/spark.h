@@ -117,7 +117,242 @@ void spark_session_reset(spark_session *session);
 spark_status spark_session_eval(spark_session *session, const int32_t *ids, int32_t n,
                                 float *logits, int all_positions);
 
+/* ---- sampling (src/engine/sampler.c) ---------------------------------- */
+
+/* How the next token is chosen from raw logits. The order of operations is
+ * Hugging Face's: logit bias, penalties (over the last penalty_last_n
+ * accepted tokens), temperature, then top-k, top-p and min-p on the
+ * tempered distribution. temperature == 0 is greedy (argmax after bias and
+ * penalties). Sampling is reproducible for a seed on every machine: the
+ * random generator is our own (xoshiro256**) and probabilities are summed in
+ * double in a fixed order. */
+typedef struct spark_logit_bias {
+    int32_t id;
+    float bias; /* added to the logit; -INFINITY bans the token */
+} spark_logit_bias;
+
+typedef struct spark_sampler_params {
+    float temperature;       /* 0 = greedy; default 1.0 */
+    int32_t top_k;           /* 0 = off */
+    float top_p;             /* 1 = off */
+    float min_p;             /* 0 = off: keep p >= min_p * p_max */
+    float repeat_penalty;    /* 1 = off: logit / rp if > 0, logit * rp if < 0 (CTRL / llama.cpp) */
+    float presence_penalty;  /* 0 = off: minus this once a token appeared (OpenAI) */
+    float frequency_penalty; /* 0 = off: minus this times the count (OpenAI) */
+    int32_t penalty_last_n;  /* window of accepted tokens the penalties look at; -1 = all */
+    uint64_t seed;
+    const spark_logit_bias *logit_bias; /* copied at create */
+    int32_t n_logit_bias;
+} spark_sampler_params;
+
+typedef struct spark_sampler spark_sampler;
+
+/* temperature 1, top_p 1, everything else off, seed 0, penalty_last_n 64. */
+spark_sampler_params spark_sampler_default_params(void);
+
+/* SPARK_ERR_ARG for negative / NaN values, top_p outside (0, 1], min_p
+ * outside [0, 1], a penalty <= 0 for repeat_penalty, bias ids < 0. */
+spark_status spark_sampler_create(const spark_sampler_params *params, int32_t n_vocab, spark_sampler **out);
+void spark_sampler_free(spark_sampler *s);
+
+/* Choose a token from logits[n_vocab] (not modified). Returns the id, or -1
+ * if every token is banned. Does not record the token: call accept. */
+int32_t spark_sampler_sample(spark_sampler *s, const float *logits);
+
+/* Record a token (prompt or generated) in the penalty history. */
+void spark_sampler_accept(spark_sampler *s, int32_t id);
+
+/* Forget the history; re-seed. */
+void spark_sampler_reset(spark_sampler *s, uint64_t seed);
+
 /* ---- tokenizer (src/tokenizer/) ------------------------------------- */
+
+/* Byte-level BPE (SPEC §5), independent of any model: load it from an HF
+ * checkpoint directory (tokenizer.json + optional tokenizer_config.json), a
+ * tokenizer.json file, or a .gguf file (tokenizer.ggml.* metadata).
+ * A loaded tokenizer is read-only and may be shared by threads: encode is
+ * thread-safe (concurrent calls fall back to a private scratch area). */
+typedef struct spark_tokenizer spark_tokenizer;
+
+/* A growable id array owned by the caller. Zero-initialise it; calls that
+ * produce ids APPEND to it; release with spark_token_buf_free. */
+typedef struct spark_token_buf {
+    int32_t *ids;
+    size_t n, cap;
+} spark_token_buf;
+
+void spark_token_buf_free(spark_token_buf *buf);
+
+/* Load a tokenizer. A merge whose parts are not tokens (the published Spark
+ * file has one) is skipped, not an error. On failure *out is NULL and the
+ * error names the file and the field. */
+spark_status spark_tokenizer_load(const char *path, spark_tokenizer **out);
+void spark_tokenizer_free(spark_tokenizer *tok);
+
+/* Highest id + 1 (131072 for Spark). */
+int32_t spark_tokenizer_n_vocab(const spark_tokenizer *tok);
+
+typedef struct spark_tokenizer_specials {
+    int32_t bos_id, eos_id, pad_id, unk_id; /* -1 when the tokenizer has none */
+    int add_bos;                            /* the checkpoint asks for a BOS (Spark: no) */
+} spark_tokenizer_specials;
+
+spark_tokenizer_specials spark_tokenizer_get_specials(const spark_tokenizer *tok);
+
+/* Number of merges skipped at load because they can never fire. */
+int32_t spark_tokenizer_n_dead_merges(const spark_tokenizer *tok);
+
+/* Id of the token whose stored string is exactly s[0..len), or -1. */
+int32_t spark_tokenizer_token_id(const spark_tokenizer *tok, const char *s, size_t len);
+
+/* The token's string as stored in the vocabulary (byte-level alphabet for
+ * ordinary tokens), NUL-terminated; NULL for ids outside the vocabulary. */
+const char *spark_tokenizer_token_text(const spark_tokenizer *tok, int32_t id);
+
+/* The bytes token `id` decodes to (*len set); may be part of a UTF-8
+ * character. NULL (and *len = 0) for ids outside the vocabulary. */
+const char *spark_tokenizer_token_piece(const spark_tokenizer *tok, int32_t id, size_t *len);
+
+/* Is `id` an added token matched whole in raw text / a "special" one? */
+int spark_tokenizer_is_added(const spark_tokenizer *tok, int32_t id);
+int spark_tokenizer_is_special(const spark_tokenizer *tok, int32_t id);
+
+enum {
+    /* Match added-token text ("<|User|>", "<think>", ...) in the input and
+     * emit its id. Without this flag such text is encoded as plain text:
+     * the safe choice for untrusted user input. */
+    SPARK_ENCODE_PARSE_SPECIAL = 1u << 0,
+    /* Prepend the BOS id (only when the tokenizer has one). */
+    SPARK_ENCODE_ADD_BOS = 1u << 1,
+};
+
+/* Encode text[0..len) (len bytes; NUL bytes are ordinary characters),
+ * appending ids to *out. Invalid UTF-8 never fails: each maximal invalid
+ * subsequence is replaced by U+FFFD first (the same text Python's
+ * bytes.decode("utf-8", "replace") gives), then encoded. */
+spark_status spark_tokenizer_encode(const spark_tokenizer *tok, const char *text, size_t len,
+                                    uint32_t flags, spark_token_buf *out);
+
+enum {
+    SPARK_DECODE_SKIP_SPECIAL = 1u << 0, /* drop tokens marked special */
+};
+
+/* Decode ids to text, malloc'ed and NUL-terminated in *text (release with
+ * free()), length in *len. Byte sequences that are not valid UTF-8 (a
+ * character cut by the end of the ids) become U+FFFD, so the result is always
+ * valid UTF-8. Ids outside the vocabulary: SPARK_ERR_ARG. */
+spark_status spark_tokenizer_decode(const spark_tokenizer *tok, const int32_t *ids, size_t n,
+                                    uint32_t flags, char **text, size_t *len);
+
+/* Streaming detokenizer: push ids one at a time, get back only complete
+ * UTF-8 text. Bytes of a character split across tokens are held until it is
+ * complete; invalid sequences become U+FFFD exactly as in
+ * spark_tokenizer_decode, so the concatenation of all outputs (plus flush)
+ * equals the decode of all ids. */
+typedef struct spark_detokenizer spark_detokenizer;
+
+spark_status spark_detokenizer_create(const spark_tokenizer *tok, uint32_t decode_flags,
+                                      spark_detokenizer **out);
+void spark_detokenizer_free(spark_detokenizer *dt);
+/* Feed one id; *text and *len receive the newly completed text (possibly empty),
+ * valid until the next call on dt. */
+spark_status spark_detokenizer_push(spark_detokenizer *dt, int32_t id, const char **text,
+                                    size_t *len);
+/* End of stream: returns held bytes (as U+FFFD) and resets dt for reuse. */
+spark_status spark_detokenizer_flush(spark_detokenizer *dt, const char **text, size_t *len);
+
+/* ---- chat format (SPEC §6) ---- */
+
+typedef enum spark_chat_role {
+    SPARK_CHAT_SYSTEM = 0,
+    SPARK_CHAT_USER,
+    SPARK_CHAT_ASSISTANT,
+    SPARK_CHAT_TOOL, /* a tool result */
+    SPARK_CHAT_ROLE_COUNT
+} spark_chat_role;
+
+typedef struct spark_tool_call {
+    const char *name;
+    const char *arguments_json; /* a JSON object, e.g. {"city":"Paris","days":3} */
+} spark_tool_call;
+
+typedef struct spark_chat_message {
+    spark_chat_role role;
+    const char *content;    /* may be NULL (= "") */
+    const char *reasoning;  /* assistant only; past reasoning is not rendered */
+    const spark_tool_call *tool_calls; /* assistant only */
+    int32_t n_tool_calls;
+} spark_chat_message;
+
+typedef struct spark_chat {
+    const spark_chat_message *messages;
+    int32_t n_messages;
+    const char *tools_json;    /* NULL, or a JSON array of tool definitions */
+    int enable_thinking;       /* generation prompt ends in <think> (1) or </think> (0) */
+    int add_generation_prompt; /* append the assistant turn opener */
+} spark_chat;
+
+/* Defaults: thinking on, generation prompt on, no messages. */
+spark_chat spark_chat_default(void);
+
+/* Render a conversation. Either output may be NULL:
+ *   text : malloc'ed NUL-terminated prompt (release with free()), *text_len its length;
+ *   ids  : appended token ids; the format's markers become their ids and
+ *          message content is encoded as plain text (so "<|User|>" typed by a
+ *          user stays text). Needs tok (may be NULL when ids is NULL).
+ * Errors (SPARK_ERR_ARG) name the message index and what is wrong (e.g.
+ * arguments that are not a JSON object). */
+spark_status spark_chat_render(const spark_tokenizer *tok, const spark_chat *chat, char **text,
+                               size_t *text_len, spark_token_buf *ids);
+
+/* A conversation parsed from OpenAI-style JSON: either an array of messages
+ * or an object {"messages": [...], "tools": [...]}. Messages have "role"
+ * (system, user, assistant or tool), "content" (string or null), optional
+ * "reasoning_content" and "tool_calls" ([{"function": {"name", "arguments"}}],
+ * arguments an object or a JSON string). Owns all its strings. */
+typedef struct spark_chat_doc spark_chat_doc;
+
+spark_status spark_chat_doc_parse(const char *json, size_t len, spark_chat_doc **out);
+void spark_chat_doc_free(spark_chat_doc *doc);
+/* The conversation view of doc (valid while doc lives); tools from the
+ * document, thinking and generation prompt on. */
+spark_chat spark_chat_doc_view(const spark_chat_doc *doc);
+
+/* Incremental parser of model output: feed decoded text in pieces of any
+ * size (cut anywhere, even inside a tag), read events back. */
+typedef enum spark_chat_event_kind {
+    SPARK_CHAT_EVENT_NONE = 0,
+    SPARK_CHAT_EVENT_REASONING, /* text before </think> */
+    SPARK_CHAT_EVENT_CONTENT,   /* answer text */
+    SPARK_CHAT_EVENT_TOOL_CALL, /* one complete tool call */
+    SPARK_CHAT_EVENT_KIND_COUNT
+} spark_chat_event_kind;
+
+typedef struct spark_chat_event {
+    spark_chat_event_kind kind;
+    const char *text;           /* REASONING / CONTENT: the text, len bytes */
+    size_t len;
+    const char *name;           /* TOOL_CALL: function name */
+    const char *arguments_json; /* TOOL_CALL: arguments as a compact JSON object */
+} spark_chat_event;
+
+typedef struct spark_chat_parser spark_chat_parser;
+
+/* in_reasoning: the prompt ended with <think> (output starts as reasoning).
+ * tools_json (may be NULL): tool definitions; a parameter declared
+ * "type": "string" keeps its value as a string, other values are parsed as
+ * JSON when they are valid JSON (numbers, true/false/null, objects, arrays)
+ * and kept as strings otherwise. */
+spark_status spark_chat_parser_create(int in_reasoning, const char *tools_json,
+                                      spark_chat_parser **out);
+void spark_chat_parser_free(spark_chat_parser *p);
+spark_status spark_chat_parser_feed(spark_chat_parser *p, const char *text, size_t len);
+/* End of output: text held back as a possible tag start is released; an
+ * unfinished tool call is returned as CONTENT text, verbatim. */
+spark_status spark_chat_parser_finish(spark_chat_parser *p);
+/* Next pending event (kind NONE when none); pointers valid until the next
+ * call on p. Consecutive text of one kind may arrive as several events. */
+spark_chat_event spark_chat_parser_next(spark_chat_parser *p);
 
 #ifdef __cplusplus
 }

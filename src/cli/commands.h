@@ -10,5 +10,8 @@
 int cmd_inspect(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 /* ---- tokenizer commands (cmd_tokenize.c) ---- */
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_chat_template(int argc, char **argv);
 
 #endif

@@ -16,6 +16,9 @@ static const command commands[] = {
     {"inspect", cmd_inspect, "print a checkpoint's architecture, tensors and memory needs"},
     {"logits", cmd_logits, "write the raw logits for a list of token ids to a .npy file"},
     /* ---- tokenizer commands ---- */
+    {"tokenize", cmd_tokenize, "text to token ids (HF directory, tokenizer.json or GGUF)"},
+    {"detokenize", cmd_detokenize, "token ids to text"},
+    {"chat-template", cmd_chat_template, "render a conversation in the Spark chat format, with its ids"},
 };
 
 static void print_usage(FILE *to)
