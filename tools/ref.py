@@ -1,0 +1,553 @@
+#!/usr/bin/env python3
+"""Independent float64 NumPy reference forward pass of Spark-X2.5 (`spark2_5`).
+
+Written from SPEC.md section 2 only (never from the C code), so that the C
+runtime can be checked against it. Everything is computed in float64; weights
+are used exactly as stored (bf16/f16 upcast to float64 without rounding).
+
+API (import with PYTHONPATH=tools):
+    load_model(path) -> Model          HF directory, or a GGUF file
+    forward(model, ids, steer=None, variant=None) -> [n, vocab] float64 logits
+    hidden_states(model, ids, steer=None, variant=None) -> [n, layers, hidden]
+    rope, rope_angles, attn_mask, window_mask, causal_mask, attention,
+    rmsnorm, erf, gelu, gelu_tanh, sigmoid   (the small pieces, for unit tests)
+    read_safetensors(file), load_hf_tensors(dir), hf_config(dir)
+
+`variant` selects a deliberately broken model for quality-gate experiments:
+    'rope_swap'          each layer class uses the other class's rope (dims, theta)
+    'gate_after_out'     the head gate scales the out_proj output, not the heads
+    'window_off_by_one'  sliding layers see keys with 0 <= p - j <= window
+    'tanh_gelu'          tanh-approximated GELU instead of the erf form
+
+CLI (same output contract as `spark logits`):
+    python3 tools/ref.py MODEL --ids 12,7,99 --out FILE.npy [--all]
+        [--variant V] [--f64] [--hidden-out FILE.npy]
+writes float32 logits [n, vocab] with --all, else [1, vocab] (last position).
+"""
+import argparse
+import json
+import math
+import struct
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = (None, "rope_swap", "gate_after_out", "window_off_by_one", "tanh_gelu")
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+# --------------------------------------------------------------------------
+# small numeric pieces
+
+_ERF_TAYLOR = [(-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(30)]
+
+
+def _exp_neg_square(x):
+    """exp(-x*x) without the rounding error of forming x*x (Veltkamp split)."""
+    hi = x * x
+    big = x * 134217729.0  # 2^27 + 1
+    xh = big - (big - x)
+    xl = x - xh
+    lo = ((xh * xh - hi) + 2.0 * xh * xl) + xl * xl
+    return np.exp(-hi) * (1.0 - lo)
+
+
+def erf(x):
+    """Vectorised float64 erf, within ~2 ulp of libm's erf.
+
+    |x| < 1: Maclaurin series in Horner form (little cancellation there).
+    |x| >= 1: 1 - erfc(x), erfc from Laplace's continued fraction evaluated
+    backwards; erfc is small there, so its relative error hardly matters."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.abs(x)
+    out = np.empty_like(a)
+    small = a < 1.0
+    xs = a[small]
+    u = xs * xs
+    p = np.full_like(xs, _ERF_TAYLOR[-1])
+    for c in reversed(_ERF_TAYLOR[:-1]):
+        p = p * u + c
+    out[small] = (2.0 / math.sqrt(math.pi)) * (xs * p)
+    xl = np.minimum(a[~small], 10.0)  # erf(10) == 1 in float64; also tames inf
+    f = xl.copy()
+    for k in range(200, 0, -1):
+        f = xl + (k / 2.0) / f
+    out[~small] = 1.0 - _exp_neg_square(xl) / (math.sqrt(math.pi) * f)
+    return np.copysign(out, x)
+
+
+def gelu(x):
+    """Exact GELU: 0.5 x (1 + erf(x / sqrt 2))."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def gelu_tanh(x):
+    """The tanh approximation of GELU (wrong for this model; a broken variant)."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def sigmoid(x):
+    x = np.asarray(x, dtype=np.float64)
+    # split by sign so exp never overflows
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def rmsnorm(x, w, eps):
+    """y = w * x / sqrt(mean(x^2) + eps) over the last axis."""
+    x = np.asarray(x, dtype=np.float64)
+    return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+
+
+def rope_angles(pos, rot_dims, theta):
+    """[n, R/2] angles pos * theta^(-2j/R) for j < R/2."""
+    j = np.arange(rot_dims // 2, dtype=np.float64)
+    inv = np.power(float(theta), -2.0 * j / rot_dims)
+    return np.asarray(pos, dtype=np.float64)[:, None] * inv[None, :]
+
+
+def rope(x, pos, rot_dims, theta):
+    """NeoX (rotate-half) rope on the first rot_dims dims of every head.
+
+    x: [n, heads, D]; pos: [n] absolute positions. Pairs are (j, j + R/2);
+    dims R..D-1 are returned untouched."""
+    x = np.asarray(x, dtype=np.float64)
+    if rot_dims == 0:
+        return x.copy()
+    if rot_dims % 2 or rot_dims > x.shape[-1]:
+        raise ValueError(f"rope: rotary dims {rot_dims} must be even and <= head_dim {x.shape[-1]}")
+    half = rot_dims // 2
+    ang = rope_angles(pos, rot_dims, theta)[:, None, :]  # broadcast over heads
+    cos, sin = np.cos(ang), np.sin(ang)
+    a, b = x[..., :half], x[..., half:rot_dims]
+    out = x.copy()
+    out[..., :half] = a * cos - b * sin
+    out[..., half:rot_dims] = b * cos + a * sin
+    return out
+
+
+def causal_mask(n):
+    """[n, n] bool, allowed[p, j] = j <= p."""
+    p = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    return p - j >= 0
+
+
+def window_mask(n, window):
+    """[n, n] bool, allowed[p, j] = 0 <= p - j < window (itself + window-1 before)."""
+    d = np.arange(n)[:, None] - np.arange(n)[None, :]
+    return (d >= 0) & (d < window)
+
+
+def attn_mask(n, sliding, window, variant=None):
+    """The mask of one layer class; variant 'window_off_by_one' widens the window by one."""
+    if not sliding:
+        return causal_mask(n)
+    if variant == "window_off_by_one":
+        return window_mask(n, window + 1)
+    return window_mask(n, window)
+
+
+def kv_head_of(h, n_heads, n_kv_heads):
+    """GQA: query head h reads kv head h // (H / Hk)."""
+    return h // (n_heads // n_kv_heads)
+
+
+def attention(q, k, v, mask, scale):
+    """GQA softmax attention. q: [n, H, D]; k, v: [n, Hk, D]; mask: [n, n] bool.
+
+    Returns [n, H, D]."""
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    if n_heads % n_kv:
+        raise ValueError(f"attention: {n_heads} query heads not a multiple of {n_kv} kv heads")
+    idx = kv_head_of(np.arange(n_heads), n_heads, n_kv)
+    kh, vh = k[:, idx, :], v[:, idx, :]
+    s = np.einsum("phd,jhd->hpj", q, kh) * scale
+    s = np.where(mask[None, :, :], s, -np.inf)
+    s = s - s.max(axis=-1, keepdims=True)
+    w = np.exp(s)
+    w /= w.sum(axis=-1, keepdims=True)
+    return np.einsum("hpj,jhd->phd", w, vh)
+
+
+# --------------------------------------------------------------------------
+# the model
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    qkv: np.ndarray       # [(H + 2 Hk) D, E]
+    gate: np.ndarray      # [H, E]
+    out: np.ndarray       # [E, H D]
+    ffn_norm: np.ndarray
+    ffn_gate: np.ndarray  # [F, E]
+    ffn_up: np.ndarray    # [F, E]
+    ffn_down: np.ndarray  # [E, F]
+
+
+@dataclass
+class Model:
+    hidden: int
+    ff: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    window: int
+    sliding: list          # per layer: True = sliding_attention
+    rope_dims_full: int
+    rope_dims_swa: int
+    theta_full: float
+    theta_swa: float
+    eps: float
+    max_ctx: int
+    embedding: np.ndarray  # [V, E]
+    final_norm: np.ndarray
+    layers: list
+    head: np.ndarray = None  # [V, E]; the embedding when tied
+    bos: int = 0
+    eos: int = 1
+    pad: int = 2
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_layers(self):
+        return len(self.layers)
+
+    def rope_of(self, sliding):
+        """(rot_dims, theta) of a layer class."""
+        if sliding:
+            return self.rope_dims_swa, self.theta_swa
+        return self.rope_dims_full, self.theta_full
+
+
+def _layer_forward(m, L, h, pos, sliding, variant):
+    n = h.shape[0]
+    H, Hk, D = m.n_heads, m.n_kv_heads, m.head_dim
+    x = rmsnorm(h, L.attn_norm, m.eps)
+    qkv = x @ L.qkv.T
+    g = sigmoid(x @ L.gate.T)  # [n, H], from the same normalised x
+    q = qkv[:, :H * D].reshape(n, H, D)
+    k = qkv[:, H * D:(H + Hk) * D].reshape(n, Hk, D)
+    v = qkv[:, (H + Hk) * D:].reshape(n, Hk, D)
+    rope_class = (not sliding) if variant == "rope_swap" else sliding
+    R, theta = m.rope_of(rope_class)
+    q, k = rope(q, pos, R, theta), rope(k, pos, R, theta)
+    o = attention(q, k, v, attn_mask(n, sliding, m.window, variant), D ** -0.5)
+    if variant == "gate_after_out":
+        # the broken order: project first, then scale slice e of the output by gate e*H//E
+        proj = o.reshape(n, H * D) @ L.out.T
+        which = np.arange(m.hidden) * H // m.hidden
+        h = h + proj * g[:, which]
+    else:
+        o = o * g[:, :, None]  # one scalar per head, before out_proj
+        h = h + o.reshape(n, H * D) @ L.out.T
+    x = rmsnorm(h, L.ffn_norm, m.eps)
+    act = gelu_tanh if variant == "tanh_gelu" else gelu
+    return h + (act(x @ L.ffn_gate.T) * (x @ L.ffn_up.T)) @ L.ffn_down.T
+
+
+def _apply_steer(steer, i, h):
+    """steer: None; {layer: vector} added to the residual; or f(layer, h) -> h."""
+    if steer is None:
+        return h
+    if callable(steer):
+        return np.asarray(steer(i, h), dtype=np.float64)
+    if i in steer:
+        return h + np.asarray(steer[i], dtype=np.float64)
+    return h
+
+
+def _run(m, ids, steer, variant, capture):
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size == 0:
+        raise ValueError("empty prompt")
+    if ids.min() < 0 or ids.max() >= m.vocab:
+        raise ValueError(f"token id out of range [0, {m.vocab})")
+    pos = np.arange(ids.size)
+    h = m.embedding[ids].astype(np.float64)  # no scaling, no norm
+    states = []
+    for i, L in enumerate(m.layers):
+        h = _layer_forward(m, L, h, pos, m.sliding[i], variant)
+        h = _apply_steer(steer, i, h)  # steering acts after the FFN add
+        if capture:
+            states.append(h)
+    return h, states
+
+
+def forward(model, ids, steer=None, variant=None):
+    """Raw logits [n, vocab] (float64) for every position of ids (positions from 0).
+
+    steer: None, {layer_index: vector[hidden]} added to the residual after that
+    layer's FFN add, or a callable f(layer_index, h[n, hidden]) -> new h."""
+    h, _ = _run(model, ids, steer, variant, capture=False)
+    h = rmsnorm(h, model.final_norm, model.eps)
+    return h @ model.head.T  # no softcap, no scale
+
+
+def hidden_states(model, ids, steer=None, variant=None):
+    """[n, layers, hidden]: the residual after each layer's FFN add (after steering)."""
+    _, states = _run(model, ids, steer, variant, capture=True)
+    return np.stack(states, axis=1)
+
+
+# --------------------------------------------------------------------------
+# loading: safetensors (own reader, so bf16 needs no torch)
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
+def bf16_bits_to_f32(u16):
+    """uint16 bf16 bit patterns -> float32, exactly."""
+    return (np.asarray(u16, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def read_safetensors(path):
+    """{name: (array, dtype_tag)} from one .safetensors file.
+
+    dtype_tag is 'F32' | 'F16' | 'BF16' | 'F64'; bf16 tensors come back as
+    float32 arrays holding exactly the stored values."""
+    raw = Path(path).read_bytes()
+    if len(raw) < 8:
+        raise ValueError(f"{path}: too short for a safetensors file")
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    if 8 + hlen > len(raw):
+        raise ValueError(f"{path}: header length {hlen} past end of file")
+    header = json.loads(raw[8:8 + hlen])
+    base = 8 + hlen
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        tag = info["dtype"]
+        if tag not in _ST_DTYPES:
+            raise ValueError(f"{path}: tensor {name}: unsupported dtype {tag}")
+        start, end = info["data_offsets"]
+        if base + end > len(raw):
+            raise ValueError(f"{path}: tensor {name}: data past end of file")
+        arr = np.frombuffer(raw, dtype=_ST_DTYPES[tag], count=(end - start) // np.dtype(_ST_DTYPES[tag]).itemsize,
+                            offset=base + start).reshape(info["shape"])
+        if tag == "BF16":
+            arr = bf16_bits_to_f32(arr)
+        out[name] = (arr, tag)
+    return out
+
+
+def load_hf_tensors(hf_dir):
+    """{name: (array, dtype_tag)} from model.safetensors or the shards of an index."""
+    d = Path(hf_dir)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (d / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{d}: no model.safetensors or model.safetensors.index.json")
+    tensors = {}
+    for f in files:
+        for name, val in read_safetensors(d / f).items():
+            if name in tensors:
+                raise ValueError(f"{d}: tensor {name} appears in two shards")
+            tensors[name] = val
+    return tensors
+
+
+def hf_config(hf_dir):
+    return json.loads((Path(hf_dir) / "config.json").read_text())
+
+
+def check_config(cfg):
+    """Refuse configs that break an assumption of SPEC section 2."""
+    def need(cond, what):
+        if not cond:
+            raise ValueError(f"config.json: unsupported: {what}")
+    need(cfg.get("hidden_act", "gelu") == "gelu", f"hidden_act {cfg.get('hidden_act')!r} (need exact 'gelu')")
+    need(cfg.get("gate_attn_act_mode", "sigmoid") == "sigmoid", f"gate_attn_act_mode {cfg.get('gate_attn_act_mode')!r}")
+    need(cfg.get("headwise_attn_output_gate", True) is True, "headwise_attn_output_gate must be true")
+    need(not cfg.get("attention_bias", False), "attention_bias")
+    need(not cfg.get("mlp_bias", False), "mlp_bias")
+    for t in cfg["layer_types"]:
+        need(t in (SLIDING, FULL), f"layer type {t!r}")
+    need(len(cfg["layer_types"]) == cfg["num_hidden_layers"], "len(layer_types) != num_hidden_layers")
+
+
+def _rot_dims(head_dim, factor):
+    r = head_dim * float(factor)
+    if r != int(r) or int(r) % 2:
+        raise ValueError(f"rotary dims head_dim*factor = {r} is not an even integer")
+    return int(r)
+
+
+def _f64(a):
+    return np.asarray(a, dtype=np.float64)
+
+
+# aliases other converters write (SPEC section 3)
+_HF_ALIASES = {"model.embed_tokens.weight": "model.embedding.weight"}
+
+
+def canonical_hf_name(name):
+    name = _HF_ALIASES.get(name, name)
+    return name.replace(".self_attn.o_proj.", ".self_attn.out_proj.")
+
+
+def _load_hf(path):
+    cfg = hf_config(path)
+    check_config(cfg)
+    tensors = {canonical_hf_name(k): v[0] for k, v in load_hf_tensors(path).items()}
+
+    def t(name):
+        if name not in tensors:
+            raise KeyError(f"{path}: missing tensor {name}")
+        return _f64(tensors[name])
+
+    layers = []
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        layers.append(Layer(
+            attn_norm=t(p + "input_layernorm.weight"), qkv=t(p + "self_attn.q_k_v_proj.weight"),
+            gate=t(p + "self_attn.g_proj.weight"), out=t(p + "self_attn.out_proj.weight"),
+            ffn_norm=t(p + "post_attention_layernorm.weight"), ffn_gate=t(p + "mlp.gate_proj.weight"),
+            ffn_up=t(p + "mlp.up_proj.weight"), ffn_down=t(p + "mlp.down_proj.weight")))
+    emb = t("model.embedding.weight")
+    tied = cfg.get("tie_word_embeddings", True)
+    if not tied and "lm_head.weight" not in tensors:
+        raise ValueError(f"{path}: untied head but no lm_head.weight")
+    head = emb if tied else t("lm_head.weight")
+    rp = cfg["rope_parameters"]
+    D = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return Model(
+        hidden=cfg["hidden_size"], ff=cfg["intermediate_size"], n_heads=cfg["num_attention_heads"],
+        n_kv_heads=cfg["num_key_value_heads"], head_dim=D, vocab=cfg["vocab_size"],
+        window=cfg["sliding_window"], sliding=[lt == SLIDING for lt in cfg["layer_types"]],
+        rope_dims_full=_rot_dims(D, rp[FULL].get("partial_rotary_factor", 1.0)),
+        rope_dims_swa=_rot_dims(D, rp[SLIDING].get("partial_rotary_factor", 1.0)),
+        theta_full=float(rp[FULL]["rope_theta"]), theta_swa=float(rp[SLIDING]["rope_theta"]),
+        eps=float(cfg["rms_norm_eps"]), max_ctx=cfg.get("max_position_embeddings", 0),
+        embedding=emb, final_norm=t("model.norm.weight"), layers=layers, head=head,
+        bos=cfg.get("bos_token_id", 0), eos=cfg.get("eos_token_id", 1), pad=cfg.get("pad_token_id", 2),
+        source=str(path), extra={"config": cfg})
+
+
+# --------------------------------------------------------------------------
+# loading: GGUF
+
+def gguf_tensor_f32(t):
+    """Dequantize one GGUFReader tensor to float32 in [out, in] (row-major) shape."""
+    from gguf import GGMLQuantizationType as Q
+    import gguf.quants
+    shape = tuple(int(s) for s in reversed(t.shape))
+    if t.tensor_type == Q.F32:
+        a = np.asarray(t.data, dtype=np.float32)
+    elif t.tensor_type == Q.F16:
+        a = np.asarray(t.data).view(np.float16).astype(np.float32)
+    elif t.tensor_type == Q.BF16:
+        a = bf16_bits_to_f32(np.asarray(t.data).view(np.uint16))
+    else:
+        a = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)  # Q8_0, Q4_K, Q6_K, ...
+    return a.reshape(shape)
+
+
+def _load_gguf(path):
+    from gguf import GGUFReader
+    r = GGUFReader(str(path))
+    kv = {f.name: f.contents() for f in r.fields.values()}
+    arch = kv.get("general.architecture")
+    if arch != "spark2_5":
+        raise ValueError(f"{path}: general.architecture is {arch!r}, not 'spark2_5'")
+
+    def key(k, default=None):
+        full = "spark2_5." + k
+        if full not in kv:
+            if default is None:
+                raise KeyError(f"{path}: missing key {full}")
+            return default
+        return kv[full]
+
+    tensors = {t.name: t for t in r.tensors}
+
+    def t(name):
+        if name not in tensors:
+            raise KeyError(f"{path}: missing tensor {name}")
+        return _f64(gguf_tensor_f32(tensors[name]))
+
+    n_layers = key("block_count")
+    pattern = key("attention.sliding_window_pattern")  # TRUE = sliding
+    if len(pattern) != n_layers:
+        raise ValueError(f"{path}: sliding_window_pattern has {len(pattern)} entries, {n_layers} layers")
+    layers = []
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        layers.append(Layer(
+            attn_norm=t(p + "attn_norm.weight"), qkv=t(p + "attn_qkv.weight"), gate=t(p + "attn_gate.weight"),
+            out=t(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"), ffn_gate=t(p + "ffn_gate.weight"),
+            ffn_up=t(p + "ffn_up.weight"), ffn_down=t(p + "ffn_down.weight")))
+    emb = t("token_embd.weight")
+    head = t("output.weight") if "output.weight" in tensors else emb
+    D = key("attention.key_length")
+    return Model(
+        hidden=key("embedding_length"), ff=key("feed_forward_length"), n_heads=key("attention.head_count"),
+        n_kv_heads=key("attention.head_count_kv"), head_dim=D, vocab=emb.shape[0],
+        window=key("attention.sliding_window"), sliding=[bool(b) for b in pattern],
+        rope_dims_full=key("rope.dimension_count"), rope_dims_swa=key("rope.dimension_count_swa"),
+        theta_full=float(key("rope.freq_base")), theta_swa=float(key("rope.freq_base_swa")),
+        eps=float(key("attention.layer_norm_rms_epsilon")), max_ctx=key("context_length", 0),
+        embedding=emb, final_norm=t("output_norm.weight"), layers=layers, head=head,
+        bos=kv.get("tokenizer.ggml.bos_token_id", 0), eos=kv.get("tokenizer.ggml.eos_token_id", 1),
+        pad=kv.get("tokenizer.ggml.padding_token_id", 2), source=str(path), extra={"gguf_kv": kv})
+
+
+def load_model(path):
+    """A Model from an HF directory (config.json + safetensors) or a GGUF file."""
+    p = Path(path)
+    if p.is_dir():
+        return _load_hf(p)
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return _load_gguf(p)
+    raise ValueError(f"{p}: neither an HF directory nor a GGUF file")
+
+
+# --------------------------------------------------------------------------
+# CLI
+
+def parse_ids(text):
+    try:
+        return [int(s) for s in text.split(",") if s.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ids wants comma-separated integers, got {text!r}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="float64 NumPy reference logits of a spark2_5 model")
+    ap.add_argument("model", help="HF directory or GGUF file")
+    ap.add_argument("--ids", required=True, type=parse_ids, help="comma-separated token ids")
+    ap.add_argument("--out", required=True, help="output .npy file")
+    ap.add_argument("--all", action="store_true", help="logits of every position, else the last one")
+    ap.add_argument("--variant", choices=[v for v in VARIANTS if v], default=None)
+    ap.add_argument("--f64", action="store_true", help="write float64 instead of float32")
+    ap.add_argument("--hidden-out", help="also write hidden states [n, layers, hidden] to this .npy")
+    a = ap.parse_args(argv)
+    m = load_model(a.model)
+    dt = np.float64 if a.f64 else np.float32
+    logits = forward(m, a.ids, variant=a.variant)
+    np.save(a.out, (logits if a.all else logits[-1:]).astype(dt))
+    if a.hidden_out:
+        np.save(a.hidden_out, hidden_states(m, a.ids, variant=a.variant).astype(dt))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ValueError, KeyError, OSError) as e:  # a clean one-line error, not a traceback
+        print(f"ref.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
