@@ -117,6 +117,22 @@ void spark_session_reset(spark_session *session);
 spark_status spark_session_eval(spark_session *session, const int32_t *ids, int32_t n,
                                 float *logits, int all_positions);
 
+/* Progress of long evaluations: called after each chunk of n_batch tokens
+ * with the tokens done so far and the total of the current call (only when
+ * the call spans more than one chunk). NULL turns it off. */
+typedef void (*spark_progress_callback)(void *user, int32_t done, int32_t total);
+void spark_session_set_progress(spark_session *session, spark_progress_callback cb, void *user);
+
+/* Go back to position `pos` (<= the current one), as if only the first pos
+ * tokens had been evaluated. The session remembers its token ids; sliding
+ * layers' rings are refilled by re-evaluating the last `sliding_window`
+ * tokens before pos (their old slots were overwritten), so a rewind costs at
+ * most one window of prefill. */
+spark_status spark_session_rewind(spark_session *session, int32_t pos);
+
+/* The token ids in the cache, in order (spark_session_pos() of them). */
+const int32_t *spark_session_tokens(const spark_session *session);
+
 /* ---- sampling (src/engine/sampler.c) ---------------------------------- */
 
 /* How the next token is chosen from raw logits. The order of operations is
@@ -353,6 +369,52 @@ spark_status spark_chat_parser_finish(spark_chat_parser *p);
 /* Next pending event (kind NONE when none); pointers valid until the next
  * call on p. Consecutive text of one kind may arrive as several events. */
 spark_chat_event spark_chat_parser_next(spark_chat_parser *p);
+
+/* ---- generation (src/engine/generate.c) -------------------------------- */
+
+typedef enum spark_finish_reason {
+    SPARK_FINISH_LENGTH = 0, /* max_tokens reached */
+    SPARK_FINISH_EOS,        /* the model emitted its end-of-sequence token */
+    SPARK_FINISH_STOP,       /* a stop string matched (it is not emitted) */
+    SPARK_FINISH_CONTEXT,    /* the context is full */
+    SPARK_FINISH_CANCELLED,  /* the callback (or spark_generate_cancel) asked to stop */
+    SPARK_FINISH_REASON_COUNT
+} spark_finish_reason;
+
+/* Called with each piece of generated text as soon as it is safe to show:
+ * complete UTF-8, and never a part of a stop string. `id` is the token that
+ * completed the piece (text may be empty while a character or a possible
+ * stop string is held back). Return non-zero to stop generating. */
+typedef int (*spark_token_callback)(void *user, int32_t id, const char *text, size_t len);
+
+typedef struct spark_generate_params {
+    int32_t max_tokens;          /* <= 0: until EOS, a stop string or the end of the context */
+    const char *const *stop;     /* stop strings, matched across token boundaries */
+    int32_t n_stop;
+    const int32_t *stop_ids;     /* extra stop tokens besides the model's EOS */
+    int32_t n_stop_ids;
+    int ignore_eos;
+    uint32_t decode_flags;       /* SPARK_DECODE_* for the text handed to on_token */
+    spark_token_callback on_token;
+    void *user;
+    volatile int *cancel;        /* optional: generation stops when *cancel != 0 (signal-safe) */
+} spark_generate_params;
+
+typedef struct spark_generate_result {
+    int32_t n_prompt, n_generated;
+    spark_finish_reason finish;
+    double prompt_seconds, generate_seconds;
+} spark_generate_result;
+
+/* Append prompt[0..n_prompt) (n_prompt >= 1: the first token is sampled
+ * from the prompt's last logits) to the session, continuing whatever it
+ * holds, and generate with `sampler` until a finish condition. Every
+ * generated token except the final EOS / stop token is evaluated into the
+ * cache, so a caller continuing a chat appends the EOS itself. Prompt tokens
+ * are fed to the sampler's penalty history too. */
+spark_status spark_generate(spark_session *session, const spark_tokenizer *tok, spark_sampler *sampler,
+                            const int32_t *prompt, int32_t n_prompt, const spark_generate_params *params,
+                            spark_generate_result *result);
 
 #ifdef __cplusplus
 }

@@ -63,6 +63,14 @@ static spark_status alloc_scratch(spark_session *s)
     return SPARK_OK;
 }
 
+/* Token ids and a logits row for generation: host memory, committed lazily. */
+static spark_status alloc_history(spark_session *s)
+{
+    s->tokens = spark_calloc((size_t)s->n_ctx, sizeof(int32_t), "session token history");
+    s->logits = spark_calloc((size_t)s->model->cfg.n_vocab, sizeof(float), "session logits");
+    return s->tokens && s->logits ? SPARK_OK : SPARK_ERR_NOMEM;
+}
+
 static void describe_model(spark_session *s)
 {
     const spark_model_config *c = &s->model->cfg;
@@ -97,6 +105,7 @@ spark_status spark_session_create(spark_model *model, const spark_session_option
     spark_status st = backend_cpu_create(o.n_threads, &s->be);
     if (st == SPARK_OK) st = alloc_kv(s);
     if (st == SPARK_OK) st = alloc_scratch(s);
+    if (st == SPARK_OK) st = alloc_history(s);
     if (st != SPARK_OK) {
         spark_session_free(s);
         return st;
@@ -120,6 +129,8 @@ void spark_session_free(spark_session *s)
         s->be->ops->destroy(s->be);
     }
     free(s->kv);
+    free(s->tokens);
+    free(s->logits);
     free(s);
 }
 
@@ -145,8 +156,35 @@ spark_status spark_session_eval(spark_session *s, const int32_t *ids, int32_t n,
         float *out = NULL;
         if (logits && all_positions) out = logits + (size_t)done * (size_t)c->n_vocab;
         if (logits && !all_positions && last) out = logits;
+        memcpy(s->tokens + s->pos, ids + done, (size_t)chunk * sizeof(int32_t));
         TRY(forward_chunk(s, ids + done, chunk, out, all_positions));
         done += chunk;
+        if (s->progress && n > s->n_batch) s->progress(s->progress_user, done, n);
     }
     return SPARK_OK;
+}
+
+void spark_session_set_progress(spark_session *s, spark_progress_callback cb, void *user)
+{
+    s->progress = cb;
+    s->progress_user = user;
+}
+
+const int32_t *spark_session_tokens(const spark_session *s) { return s->tokens; }
+
+spark_status spark_session_rewind(spark_session *s, int32_t pos)
+{
+    spark_clear_error();
+    if (pos < 0 || pos > s->pos)
+        return spark_fail(SPARK_ERR_ARG, "cannot rewind to position %d: the session holds %lld tokens", pos,
+                          (long long)s->pos);
+    if (pos == s->pos) return SPARK_OK;
+    /* Full layers still hold positions < pos. A ring's slots for the last
+     * window before pos were overwritten by positions >= pos: recompute them
+     * (the full layers' rows come out bit-identical, the same inputs). */
+    int64_t refill = s->model->cfg.sliding_window;
+    int64_t from = pos > refill ? pos - refill : 0;
+    s->pos = from;
+    if (from == pos) return SPARK_OK;
+    return spark_session_eval(s, s->tokens + from, (int32_t)(pos - from), NULL, 0);
 }

@@ -27,6 +27,10 @@ struct spark_session {
     backend *be;
     int32_t n_ctx, n_batch;
     int64_t pos;          /* tokens in the cache */
+    int32_t *tokens;      /* (n_ctx) the ids at positions 0..pos-1, for rewind */
+    float *logits;        /* (n_vocab) scratch for spark_generate */
+    spark_progress_callback progress;
+    void *progress_user;
     kv_layer *kv;         /* (n_layer) */
     scratch s;
     rope_class rope[SPARK_LAYER_KIND_COUNT];

@@ -1,0 +1,198 @@
+/*
+ * generate.c — spark_generate(): prompt in, streamed text out.
+ *
+ * The loop: evaluate the prompt, then sample / check / evaluate one token at
+ * a time. Text reaches the caller through two filters: the streaming
+ * detokenizer (never half a UTF-8 character) and the stop-string holdback
+ * (never text that might turn out to be the start of a stop string).
+ */
+#include "engine/session.h"
+
+#include "base/error.h"
+#include "base/mem.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Text produced but not yet shown, because it may begin a stop string. */
+typedef struct holdback {
+    char *buf;
+    size_t len, cap;
+    const spark_generate_params *p;
+} holdback;
+
+static spark_status holdback_append(holdback *h, const char *text, size_t len)
+{
+    if (h->len + len + 1 > h->cap) {
+        size_t cap = (h->len + len + 1) * 2;
+        char *grown = realloc(h->buf, cap);
+        if (!grown) return spark_fail(SPARK_ERR_NOMEM, "out of memory holding generated text");
+        h->buf = grown;
+        h->cap = cap;
+    }
+    memcpy(h->buf + h->len, text, len);
+    h->len += len;
+    h->buf[h->len] = '\0';
+    return SPARK_OK;
+}
+
+/* Offset of the first complete stop string in the held text, or -1. */
+static long find_stop(const holdback *h)
+{
+    long best = -1;
+    for (int32_t i = 0; i < h->p->n_stop; i++) {
+        const char *s = h->p->stop[i];
+        if (!s || !*s) continue;
+        const char *at = memmem(h->buf, h->len, s, strlen(s));
+        if (at && (best < 0 || at - h->buf < best)) best = at - h->buf;
+    }
+    return best;
+}
+
+/* Bytes at the end of the held text that could start a stop string. */
+static size_t possible_stop_prefix(const holdback *h)
+{
+    size_t keep = 0;
+    for (int32_t i = 0; i < h->p->n_stop; i++) {
+        const char *s = h->p->stop[i];
+        size_t n = s ? strlen(s) : 0;
+        for (size_t k = n > 0 ? n - 1 : 0; k > keep; k--)
+            if (k <= h->len && !memcmp(h->buf + h->len - k, s, k)) {
+                keep = k;
+                break;
+            }
+    }
+    return keep;
+}
+
+/* Hand the caller what is safe to show; returns non-zero when it asks to stop. */
+static int holdback_release(holdback *h, int32_t id, size_t upto)
+{
+    const spark_generate_params *p = h->p;
+    int stop = 0;
+    if (p->on_token && (upto > 0 || id >= 0)) stop = p->on_token(p->user, id, h->buf, upto);
+    memmove(h->buf, h->buf + upto, h->len - upto);
+    h->len -= upto;
+    if (h->buf) h->buf[h->len] = '\0';
+    return stop;
+}
+
+static int is_stop_id(const spark_session *s, const spark_generate_params *p, int32_t id)
+{
+    if (!p->ignore_eos && id == s->model->cfg.eos_id) return 1;
+    for (int32_t i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+typedef struct gen_state {
+    spark_session *s;
+    spark_detokenizer *dt;
+    spark_sampler *sampler;
+    const spark_generate_params *p;
+    holdback hold;
+    spark_generate_result *r;
+} gen_state;
+
+/* Decode one generated id into the holdback; release what is safe.
+ * Returns 1 when generation must end (stop string or callback). */
+static int emit_token(gen_state *g, int32_t id, spark_status *st)
+{
+    const char *piece;
+    size_t len;
+    *st = spark_detokenizer_push(g->dt, id, &piece, &len);
+    if (*st == SPARK_OK) *st = holdback_append(&g->hold, piece, len);
+    if (*st != SPARK_OK) return 1;
+    long stop_at = find_stop(&g->hold);
+    if (stop_at >= 0) {
+        holdback_release(&g->hold, id, (size_t)stop_at);
+        g->r->finish = SPARK_FINISH_STOP;
+        return 1;
+    }
+    size_t safe = g->hold.len - possible_stop_prefix(&g->hold);
+    if (holdback_release(&g->hold, id, safe)) {
+        g->r->finish = SPARK_FINISH_CANCELLED;
+        return 1;
+    }
+    return 0;
+}
+
+static spark_status generate_loop(gen_state *g)
+{
+    spark_session *s = g->s;
+    const spark_generate_params *p = g->p;
+    spark_status st = SPARK_OK;
+    for (;;) {
+        if (p->cancel && *p->cancel) {
+            g->r->finish = SPARK_FINISH_CANCELLED;
+            return SPARK_OK;
+        }
+        int32_t id = spark_sampler_sample(g->sampler, s->logits);
+        if (id < 0) return spark_fail(SPARK_ERR_ARG, "sampling: every token is banned by the logit bias");
+        spark_sampler_accept(g->sampler, id);
+        g->r->n_generated++;
+        if (is_stop_id(s, p, id)) {
+            g->r->finish = SPARK_FINISH_EOS;
+            return SPARK_OK;
+        }
+        if (emit_token(g, id, &st)) return st;
+        if (p->max_tokens > 0 && g->r->n_generated >= p->max_tokens) {
+            g->r->finish = SPARK_FINISH_LENGTH;
+            return SPARK_OK;
+        }
+        if (s->pos + 1 > s->n_ctx) {
+            g->r->finish = SPARK_FINISH_CONTEXT;
+            return SPARK_OK;
+        }
+        TRY(spark_session_eval(s, &id, 1, s->logits, 0));
+    }
+}
+
+/* What is still held at the end (a partial stop string that never
+ * completed, or bytes of an unfinished character) is shown after all. */
+static void flush_tail(gen_state *g)
+{
+    const char *piece;
+    size_t len;
+    if (g->r->finish == SPARK_FINISH_STOP || g->r->finish == SPARK_FINISH_CANCELLED) return;
+    if (spark_detokenizer_flush(g->dt, &piece, &len) == SPARK_OK && len) holdback_append(&g->hold, piece, len);
+    if (g->hold.len) holdback_release(&g->hold, -1, g->hold.len);
+}
+
+spark_status spark_generate(spark_session *s, const spark_tokenizer *tok, spark_sampler *sampler,
+                            const int32_t *prompt, int32_t n_prompt, const spark_generate_params *params,
+                            spark_generate_result *result)
+{
+    spark_generate_params none = {0};
+    const spark_generate_params *p = params ? params : &none;
+    spark_generate_result r = {.n_prompt = n_prompt};
+    if (result) *result = r;
+    if (!s || !tok || !sampler || !prompt || n_prompt < 1)
+        return spark_fail(SPARK_ERR_ARG, "spark_generate: needs a session, tokenizer, sampler and >= 1 prompt token");
+    if (s->pos + n_prompt >= s->n_ctx)
+        return spark_fail(SPARK_ERR_CONTEXT,
+                          "the prompt (%d tokens, after %lld already in the session) leaves no room to generate in a "
+                          "context of %d", n_prompt, (long long)s->pos, s->n_ctx);
+    gen_state g = {.s = s, .sampler = sampler, .p = p, .hold = {.p = p}, .r = &r};
+    TRY(spark_detokenizer_create(tok, p->decode_flags, &g.dt));
+    double t0 = now_seconds();
+    spark_status st = spark_session_eval(s, prompt, n_prompt, s->logits, 0);
+    for (int32_t i = 0; i < n_prompt; i++) spark_sampler_accept(sampler, prompt[i]);
+    double t1 = now_seconds();
+    if (st == SPARK_OK) st = generate_loop(&g);
+    if (st == SPARK_OK) flush_tail(&g);
+    r.prompt_seconds = t1 - t0;
+    r.generate_seconds = now_seconds() - t1;
+    spark_detokenizer_free(g.dt);
+    free(g.hold.buf);
+    if (result) *result = r;
+    return st;
+}
