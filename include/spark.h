@@ -171,6 +171,10 @@ spark_sampler_params spark_sampler_default_params(void);
 spark_status spark_sampler_create(const spark_sampler_params *params, int32_t n_vocab, spark_sampler **out);
 void spark_sampler_free(spark_sampler *s);
 
+/* The checkpoint's recommended settings (generation_config.json, or GGUF
+ * general.sampling.*) over spark_sampler_default_params(). */
+spark_sampler_params spark_model_sampler_defaults(const spark_model *model);
+
 /* Choose a token from logits[n_vocab] (not modified). Returns the id, or -1
  * if every token is banned. Does not record the token: call accept. */
 int32_t spark_sampler_sample(spark_sampler *s, const float *logits);

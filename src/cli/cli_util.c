@@ -111,3 +111,25 @@ int cli_report_error(const char *command)
     fprintf(stderr, "spark %s: %s\n", command, spark_last_error());
     return EXIT_RUNTIME;
 }
+
+char *cli_read_all(FILE *f, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (ferror(f)) break;
+        if (feof(f)) {
+            buf[n] = '\0';
+            *len = n;
+            return buf;
+        }
+        if (n + 1 >= cap) {
+            char *grown = realloc(buf, cap *= 2);
+            if (!grown) break;
+            buf = grown;
+        }
+    }
+    free(buf);
+    return NULL;
+}

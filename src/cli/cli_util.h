@@ -27,6 +27,10 @@ int cli_parse_ids(const char *command, const char *text, int32_t **ids, int *n);
  * Returns 0 on success, -1 (errno set) on failure. */
 int npy_write_f32(const char *path, const float *data, const int64_t *shape, int ndim);
 
+/* Read a whole stream into a malloc'd NUL-terminated buffer (*len bytes);
+ * NULL on a read error or out of memory. */
+char *cli_read_all(FILE *f, size_t *len);
+
 /* Print "spark CMD: <spark_last_error()>" to stderr and return EXIT_RUNTIME. */
 int cli_report_error(const char *command);
 

@@ -211,9 +211,9 @@ static void select_best(candidate *c, int32_t n, int32_t m)
     }
 }
 
-/* Candidates after temperature, min-p and top-k; returns their count.
- * *sorted says whether c[] is in descending order. */
-static int32_t gather_candidates(spark_sampler *s, int *sorted)
+/* Candidates after temperature, min-p and top-k, in no particular order;
+ * returns their count. */
+static int32_t gather_candidates(spark_sampler *s)
 {
     const spark_sampler_params *p = &s->p;
     float inv_t = 1.0f / p->temperature;
@@ -225,7 +225,6 @@ static int32_t gather_candidates(spark_sampler *s, int *sorted)
         float x = s->work[id] * inv_t;
         if (x > -INFINITY && x >= floor) s->cand[n++] = (candidate){x, id};
     }
-    *sorted = 0;
     if (p->top_k > 0 && p->top_k < n) {
         select_best(s->cand, n, p->top_k);
         n = p->top_k;
@@ -254,8 +253,7 @@ int32_t spark_sampler_sample(spark_sampler *s, const float *logits)
 {
     apply_bias_and_penalties(s, logits);
     if (s->p.temperature == 0) return argmax(s->work, s->n_vocab);
-    int sorted;
-    int32_t n = gather_candidates(s, &sorted);
+    int32_t n = gather_candidates(s);
     if (n == 0) return -1;
     double max_logit = -INFINITY, total = 0;
     for (int32_t i = 0; i < n; i++)
