@@ -79,7 +79,7 @@ def test_unknown_dtype(good, tmp_path):
     ("attention_bias", True, "attention_bias"),
     ("model_type", "llama", "model_type"),
     ("layer_types", ["sliding_attention", "linear_attention"], "linear_attention"),
-    ("num_attention_heads", 3, "heads"),
+    ("num_key_value_heads", 3, "kv heads"),
 ])
 def test_config_the_runtime_cannot_honour(good, tmp_path, field, value, needle):
     d = copy_hf(good, tmp_path)
