@@ -83,12 +83,83 @@ static const char tokenize_help[] =
     "  --plain-specials  encode added-token text (<|User|>, <think>, ...) as plain text\n"
     "  --bos             prepend the BOS id\n";
 
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int read_u16(const char *p, const char *end, uint32_t *v)
+{
+    if (end - p < 4) return 0;
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        int d = hex_digit(p[i]);
+        if (d < 0) return 0;
+        *v = *v * 16 + (uint32_t)d;
+    }
+    return 1;
+}
+
+static size_t put_utf8(uint32_t cp, char *out)
+{
+    if (cp < 0x80) return out[0] = (char)cp, 1;
+    if (cp < 0x800) return out[0] = (char)(0xC0 | cp >> 6), out[1] = (char)(0x80 | (cp & 63)), 2;
+    if (cp < 0x10000)
+        return out[0] = (char)(0xE0 | cp >> 12), out[1] = (char)(0x80 | ((cp >> 6) & 63)),
+               out[2] = (char)(0x80 | (cp & 63)), 3;
+    out[0] = (char)(0xF0 | cp >> 18), out[1] = (char)(0x80 | ((cp >> 12) & 63));
+    out[2] = (char)(0x80 | ((cp >> 6) & 63)), out[3] = (char)(0x80 | (cp & 63));
+    return 4;
+}
+
+/* Decode the JSON string literal in [p, end) into out (at least end - p
+ * bytes); NUL characters survive (cJSON would cut the string there). A lone
+ * surrogate becomes U+FFFD. Returns the length, or -1 if it is no string. */
+static long json_unescape(const char *p, const char *end, char *out)
+{
+    while (p < end && *p == ' ') p++;
+    while (end > p && (end[-1] == ' ' || end[-1] == '\r')) end--;
+    if (end - p < 2 || *p != '"' || end[-1] != '"') return -1;
+    size_t o = 0;
+    for (p++, end--; p < end; p++) {
+        if (*p != '\\') {
+            out[o++] = *p;
+            continue;
+        }
+        if (++p == end) return -1;
+        const char *simple = strchr("\"\\/bfnrt", *p);
+        if (simple && *p) {
+            out[o++] = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
+            continue;
+        }
+        uint32_t cp, lo;
+        if (*p != 'u' || !read_u16(p + 1, end, &cp)) return -1;
+        p += 4;
+        if (cp >= 0xD800 && cp < 0xDC00 && end - p > 6 && p[1] == '\\' && p[2] == 'u' &&
+            read_u16(p + 3, end, &lo) && lo >= 0xDC00 && lo < 0xE000) {
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            p += 6;
+        } else if (cp >= 0xD800 && cp < 0xE000) {
+            cp = 0xFFFD;
+        }
+        o += put_utf8(cp, out + o);
+    }
+    return (long)o;
+}
+
 /* --file mode: one JSON string per input line, one JSON array per output line. */
 static int tokenize_lines(spark_tokenizer *tok, const char *path, uint32_t flags)
 {
     size_t len;
     char *data = read_all("tokenize", path, &len);
-    if (!data) return 1;
+    char *text = data ? malloc(len + 1) : NULL;
+    if (!text) {
+        free(data);
+        return 1;
+    }
     spark_token_buf ids = {0};
     int rc = 0, line_no = 0;
     for (char *line = data, *end; line < data + len; line = end + 1) {
@@ -96,16 +167,14 @@ static int tokenize_lines(spark_tokenizer *tok, const char *path, uint32_t flags
         if (!end) end = data + len;
         line_no++;
         if (end == line) continue;
-        cJSON *s = cJSON_ParseWithLength(line, (size_t)(end - line));
-        if (!cJSON_IsString(s)) {
+        long n = json_unescape(line, end, text);
+        if (n < 0) {
             fprintf(stderr, "spark tokenize: %s:%d: not a JSON string\n", path, line_no);
-            cJSON_Delete(s);
             rc = 1;
             break;
         }
         ids.n = 0;
-        spark_status st = spark_tokenizer_encode(tok, s->valuestring, strlen(s->valuestring), flags, &ids);
-        cJSON_Delete(s);
+        spark_status st = spark_tokenizer_encode(tok, text, (size_t)n, flags, &ids);
         if (st != SPARK_OK) {
             rc = runtime_error("tokenize", st);
             break;
@@ -113,6 +182,7 @@ static int tokenize_lines(spark_tokenizer *tok, const char *path, uint32_t flags
         print_ids(&ids, true, stdout);
     }
     spark_token_buf_free(&ids);
+    free(text);
     free(data);
     return rc;
 }
@@ -290,4 +360,88 @@ int cmd_detokenize(int argc, char **argv)
     return rc;
 }
 
-int cmd_chat_template(int argc, char **argv) { return 2; }
+/* ---- spark chat-template ---------------------------------------------------------- */
+
+static const char chat_help[] =
+    "usage: spark chat-template MODEL --messages FILE.json [--tools FILE.json] [--no-think]\n"
+    "                          [--no-generation-prompt] [--json]\n"
+    "  --messages FILE  [{\"role\": ..., \"content\": ...}, ...] or {\"messages\": [...], \"tools\": [...]}\n"
+    "  --tools FILE     a JSON array of tool definitions (overrides the messages file's)\n"
+    "  --no-think       end the prompt with </think> (enable_thinking = false)\n"
+    "  --no-generation-prompt  do not open an assistant turn at the end\n"
+    "  --json           print {\"text\": ..., \"ids\": [...]}; otherwise the prompt, then a line \"ids: ...\"\n";
+
+static int render_chat(spark_tokenizer *tok, const spark_chat *chat, bool json)
+{
+    char *text = NULL;
+    size_t len = 0;
+    spark_token_buf ids = {0};
+    spark_status st = spark_chat_render(tok, chat, &text, &len, &ids);
+    if (st != SPARK_OK) return runtime_error("chat-template", st);
+    if (json) {
+        fputs("{\"text\":", stdout);
+        print_json_string(text, len, stdout);
+        fputs(",\"ids\":", stdout);
+        print_ids(&ids, true, stdout);
+        fputs("}\n", stdout);
+    } else {
+        fwrite(text, 1, len, stdout);
+        fputs("\nids: ", stdout);
+        print_ids(&ids, false, stdout);
+    }
+    free(text);
+    spark_token_buf_free(&ids);
+    return 0;
+}
+
+int cmd_chat_template(int argc, char **argv)
+{
+    const char *model = NULL, *messages = NULL, *tools = NULL;
+    bool json = false, think = true, gen = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(chat_help, stdout);
+            return 0;
+        } else if (!strcmp(a, "--messages") || !strcmp(a, "--tools")) {
+            if (i + 1 >= argc) return usage_error("chat-template", "%s needs a value", a);
+            *(a[2] == 'm' ? &messages : &tools) = argv[++i];
+        } else if (!strcmp(a, "--no-think")) {
+            think = false;
+        } else if (!strcmp(a, "--no-generation-prompt")) {
+            gen = false;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else if (a[0] == '-' && a[1]) {
+            return usage_error("chat-template", "unknown option '%s'", a);
+        } else if (!model) {
+            model = a;
+        } else {
+            return usage_error("chat-template", "unexpected argument '%s'", a);
+        }
+    }
+    if (!model) return usage_error("chat-template", "%s", "missing MODEL");
+    if (!messages) return usage_error("chat-template", "%s", "missing --messages");
+    size_t mlen, tlen = 0;
+    char *mtext = read_all("chat-template", messages, &mlen), *ttext = NULL;
+    if (!mtext) return 1;
+    if (tools && !(ttext = read_all("chat-template", tools, &tlen))) return free(mtext), 1;
+    spark_chat_doc *doc = NULL;
+    spark_tokenizer *tok = NULL;
+    int rc = 0;
+    spark_status st = spark_chat_doc_parse(mtext, mlen, &doc);
+    if (st != SPARK_OK) rc = runtime_error("chat-template", st);
+    if (rc == 0) rc = load_tok("chat-template", model, &tok);
+    if (rc == 0) {
+        spark_chat chat = spark_chat_doc_view(doc);
+        chat.enable_thinking = think;
+        chat.add_generation_prompt = gen;
+        if (ttext) chat.tools_json = ttext;
+        rc = render_chat(tok, &chat, json);
+    }
+    spark_tokenizer_free(tok);
+    spark_chat_doc_free(doc);
+    free(mtext);
+    free(ttext);
+    return rc;
+}

@@ -13,11 +13,19 @@
  * Regexes run on PCRE2 with UTF + UCP (Unicode classes for \p{..} and \s)
  * and its JIT. The input is valid UTF-8 by construction (encode.c repairs
  * it), so matching skips PCRE2's UTF check.
+ *
+ * The reference (HF tokenizers, Oniguruma) knows a newer Unicode than the
+ * system PCRE2 (16 vs 14 on Debian 12): characters assigned since then
+ * (new emoji, CJK extensions) would be "unassigned" to PCRE2 and split
+ * differently. Each \p{X} of a pattern is therefore widened with the ranges
+ * in unicode_extra.h (generated from the reference engine).
  */
 #include "tokenizer/tokenizer.h"
 
 #include "base/error.h"
+#include "tokenizer/unicode_extra.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* SPEC §5, in order. Step 4 (every digit on its own) is HF's Digits. */
@@ -33,6 +41,52 @@ static const char *const spark_steps[] = {
     "\\p{N}",
 };
 
+/* Index of X in "LMNPS" for the text "\\p{X}" at s, or -1. */
+static int extra_class(const char *s, size_t left)
+{
+    static const char classes[] = "LMNPS";
+    if (left < 5 || s[0] != '\\' || s[1] != 'p' || s[2] != '{' || s[4] != '}' || !s[3]) return -1;
+    const char *c = strchr(classes, s[3]);
+    return c ? (int)(c - classes) : -1;
+}
+
+/* pattern with every \p{X} (X in L M N P S) widened by unicode_extra[X]:
+ * "\p{L}" becomes "[\p{L}<ranges>]" outside a class and "\p{L}<ranges>"
+ * inside one. Returns a malloc'ed string (NULL when out of memory). */
+static char *widen_classes(const char *pat, size_t len, size_t *out_len)
+{
+    size_t cap = len + 1;
+    for (size_t i = 0; i + 4 < len; i++)
+        if (extra_class(pat + i, len - i) >= 0) cap += strlen(unicode_extra[extra_class(pat + i, len - i)]) + 2;
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    size_t o = 0;
+    bool in_class = false;
+    for (size_t i = 0; i < len;) {
+        int x = extra_class(pat + i, len - i);
+        if (x >= 0) {
+            o += (size_t)sprintf(out + o, in_class ? "\\p{%c}%s" : "[\\p{%c}%s]", pat[i + 3], unicode_extra[x]);
+            i += 5;
+        } else if (pat[i] == '\\' && i + 1 < len) {
+            out[o++] = pat[i++];
+            out[o++] = pat[i++];
+        } else {
+            if (!in_class && pat[i] == '[') {
+                in_class = true;
+                out[o++] = pat[i++];
+                if (i < len && pat[i] == '^') out[o++] = pat[i++];
+                if (i < len && pat[i] == ']') out[o++] = pat[i++]; /* a literal ] first */
+                continue;
+            }
+            if (in_class && pat[i] == ']') in_class = false;
+            out[o++] = pat[i++];
+        }
+    }
+    out[o] = '\0';
+    *out_len = o;
+    return out;
+}
+
 spark_status pretok_add_regex(pretok *p, const char *pattern, size_t len, const char *what)
 {
     if (p->n_steps == PRETOK_MAX_STEPS)
@@ -40,7 +94,11 @@ spark_status pretok_add_regex(pretok *p, const char *pattern, size_t len, const 
                           PRETOK_MAX_STEPS);
     int err;
     PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
+    size_t wide_len;
+    char *wide = widen_classes(pattern, len, &wide_len);
+    if (!wide) return spark_fail(SPARK_ERR_NOMEM, "out of memory compiling a regex");
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)wide, wide_len, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
+    free(wide);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
