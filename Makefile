@@ -27,12 +27,13 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 BIN_OBJ  := $(BIN_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
 DEFAULT_MODEL ?= models/spark-tiny
 RUN_PROMPT    ?= And God said,
 
 .PHONY: all run test test-fast test-asan deps sysdeps pydeps clean
-all: sysdeps $(BUILD)/spark $(TEST_BIN)
+all: sysdeps $(BUILD)/spark $(TEST_BIN) $(EXAMPLES)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -49,6 +50,11 @@ $(BUILD)/tests/%: tests/c/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libspark.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -Itests/c -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libspark.a $(LDLIBS)
 
+# examples use only the public header, as an embedding program would
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libspark.a include/spark.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Wall -Wextra $(SAN) -Iinclude -o $@ $< $(BUILD)/libspark.a -fopenmp $(LDLIBS)
+
 # ---- dependencies ---------------------------------------------------------
 SYS_HEADERS := /usr/include/pcre2.h /usr/include/cjson/cJSON.h /usr/include/microhttpd.h
 SYS_PKGS    := libpcre2-dev libcjson-dev libmicrohttpd-dev
@@ -64,7 +70,7 @@ sysdeps:
 	fi
 
 pydeps:
-	@$(PYTHON) -c "import numpy, gguf, safetensors, tokenizers, pytest, jinja2" 2>/dev/null || \
+	@$(PYTHON) -c "import numpy, gguf, safetensors, tokenizers, pytest, jinja2, pexpect" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q -r tools/requirements.txt
 
 deps: sysdeps pydeps
@@ -87,4 +93,4 @@ test-fast: deps all
 clean:
 	rm -rf build build-asan
 
--include $(shell find build build-asan -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

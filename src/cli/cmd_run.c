@@ -57,6 +57,18 @@ static int parse_run_args(int argc, char **argv, run_args *a)
     return 1;
 }
 
+/* Offset of the first byte that does not start a valid UTF-8 sequence, or len. */
+static size_t first_invalid_utf8(const char *text, size_t len)
+{
+    size_t at = 0;
+    while (at < len) {
+        size_t n = utf8_seq_len((const uint8_t *)text + at, len - at);
+        if (n == 0) return at;
+        at += n;
+    }
+    return len;
+}
+
 /* The prompt text, malloc'd; NULL after printing why not. */
 static char *read_prompt(const run_args *a, size_t *len)
 {
@@ -82,9 +94,9 @@ static char *read_prompt(const run_args *a, size_t *len)
         fprintf(stderr, "spark run: cannot read %s\n", source);
         return NULL;
     }
-    size_t need = 0, valid = utf8_valid_prefix((const uint8_t *)text, *len, &need);
-    if (valid < *len) {
-        fprintf(stderr, "spark run: %s: invalid UTF-8 at byte %zu\n", source, valid);
+    size_t at = first_invalid_utf8(text, *len);
+    if (at < *len) {
+        fprintf(stderr, "spark run: %s: invalid UTF-8 at byte %zu (the prompt must be UTF-8 text)\n", source, at);
         free(text);
         return NULL;
     }

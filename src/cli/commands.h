@@ -10,6 +10,7 @@
 int cmd_inspect(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 /* ---- tokenizer commands (cmd_tokenize.c) ---- */
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
