@@ -238,8 +238,9 @@ int cmd_tokenize(int argc, char **argv)
 /* ---- spark detokenize ------------------------------------------------------------- */
 
 static const char detokenize_help[] =
-    "usage: spark detokenize MODEL --ids 1,2,3 [--skip-special] [--json] [--stream]\n"
+    "usage: spark detokenize MODEL (--ids 1,2,3 | --file IDS.jsonl) [--skip-special] [--json] [--stream]\n"
     "  --ids LIST      token ids, separated by commas or spaces\n"
+    "  --file PATH     one JSON id array per line; one JSON result per line\n"
     "  --skip-special  drop special tokens (BOS, EOS, pad, unused)\n"
     "  --json          print {\"text\": ...} (exact, with escapes)\n"
     "  --stream        print the streaming detokenizer's chunks, one JSON string per id\n";
@@ -302,25 +303,79 @@ static int detok_stream(spark_tokenizer *tok, const spark_token_buf *ids, uint32
     return st == SPARK_OK ? 0 : runtime_error("detokenize", st);
 }
 
+typedef enum detok_mode { DETOK_RAW, DETOK_JSON, DETOK_STREAM } detok_mode;
+
+static int detok_one(spark_tokenizer *tok, const spark_token_buf *ids, uint32_t flags, detok_mode mode)
+{
+    if (mode == DETOK_STREAM) return detok_stream(tok, ids, flags);
+    char *text;
+    size_t len;
+    spark_status st = spark_tokenizer_decode(tok, ids->ids, ids->n, flags, &text, &len);
+    if (st != SPARK_OK) return runtime_error("detokenize", st);
+    if (mode == DETOK_JSON) {
+        fputs("{\"text\":", stdout);
+        print_json_string(text, len, stdout);
+        fputs("}\n", stdout);
+    } else {
+        fwrite(text, 1, len, stdout);
+    }
+    free(text);
+    return 0;
+}
+
+/* --file mode: one JSON id array per line in, one JSON result per line out. */
+static int detok_lines(spark_tokenizer *tok, const char *path, uint32_t flags, detok_mode mode)
+{
+    size_t len;
+    char *data = read_all("detokenize", path, &len);
+    if (!data) return 1;
+    spark_token_buf ids = {0};
+    int rc = 0, line_no = 0;
+    for (char *line = data, *end; rc == 0 && line < data + len; line = end + 1) {
+        end = memchr(line, '\n', (size_t)(data + len - line));
+        if (!end) end = data + len;
+        *end = '\0';
+        line_no++;
+        char *open = strchr(line, '['), *close = strrchr(line, ']');
+        if (end == line) continue;
+        if (!open || !close || close < open) {
+            fprintf(stderr, "spark detokenize: %s:%d: not a JSON array of ids\n", path, line_no);
+            rc = 1;
+            break;
+        }
+        *close = '\0';
+        ids.n = 0;
+        if (!parse_ids(open + 1, &ids)) {
+            fprintf(stderr, "spark detokenize: %s:%d: not a JSON array of ids\n", path, line_no);
+            rc = 1;
+            break;
+        }
+        rc = detok_one(tok, &ids, flags, mode == DETOK_RAW ? DETOK_JSON : mode);
+    }
+    spark_token_buf_free(&ids);
+    free(data);
+    return rc;
+}
+
 int cmd_detokenize(int argc, char **argv)
 {
-    const char *model = NULL, *list = NULL;
-    bool json = false, stream = false;
+    const char *model = NULL, *list = NULL, *file = NULL;
+    detok_mode mode = DETOK_RAW;
     uint32_t flags = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(detokenize_help, stdout);
             return 0;
-        } else if (!strcmp(a, "--ids")) {
+        } else if (!strcmp(a, "--ids") || !strcmp(a, "--file")) {
             if (i + 1 >= argc) return usage_error("detokenize", "%s needs a value", a);
-            list = argv[++i];
+            *(a[2] == 'i' ? &list : &file) = argv[++i];
         } else if (!strcmp(a, "--skip-special")) {
             flags |= SPARK_DECODE_SKIP_SPECIAL;
         } else if (!strcmp(a, "--json")) {
-            json = true;
+            if (mode == DETOK_RAW) mode = DETOK_JSON;
         } else if (!strcmp(a, "--stream")) {
-            stream = true;
+            mode = DETOK_STREAM;
         } else if (a[0] == '-' && a[1]) {
             return usage_error("detokenize", "unknown option '%s'", a);
         } else if (!model) {
@@ -330,31 +385,18 @@ int cmd_detokenize(int argc, char **argv)
         }
     }
     if (!model) return usage_error("detokenize", "%s", "missing MODEL");
-    if (!list) return usage_error("detokenize", "%s", "missing --ids");
+    if (!list == !file) return usage_error("detokenize", "%s", "give exactly one of --ids or --file");
     spark_token_buf ids = {0};
-    if (!parse_ids(list, &ids)) {
+    if (list && !parse_ids(list, &ids)) {
         spark_token_buf_free(&ids);
         return usage_error("detokenize", "bad --ids value '%s'", list);
     }
     spark_tokenizer *tok = NULL;
     int rc = load_tok("detokenize", model, &tok);
-    if (rc == 0 && stream) {
-        rc = detok_stream(tok, &ids, flags);
-    } else if (rc == 0) {
-        char *text;
-        size_t len;
-        spark_status st = spark_tokenizer_decode(tok, ids.ids, ids.n, flags, &text, &len);
-        if (st != SPARK_OK) {
-            rc = runtime_error("detokenize", st);
-        } else if (json) {
-            fputs("{\"text\":", stdout);
-            print_json_string(text, len, stdout);
-            fputs("}\n", stdout);
-        } else {
-            fwrite(text, 1, len, stdout);
-        }
-        if (st == SPARK_OK) free(text);
-    }
+    static char outbuf[1 << 16];
+    setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
+    if (rc == 0) rc = file ? detok_lines(tok, file, flags, mode) : detok_one(tok, &ids, flags, mode);
+    fflush(stdout);
     spark_tokenizer_free(tok);
     spark_token_buf_free(&ids);
     return rc;
