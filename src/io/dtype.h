@@ -8,6 +8,7 @@
 #ifndef SPARK_IO_DTYPE_H
 #define SPARK_IO_DTYPE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef enum spark_dtype {
@@ -21,11 +22,14 @@ typedef enum spark_dtype {
     SPARK_DTYPE_COUNT
 } spark_dtype;
 
+/* Name ("f32", "bf16", "q4_K", ...); "invalid" for a value outside the enum. */
 const char *dtype_name(spark_dtype dtype);
+/* Block geometry; 0 for a value outside the enum. */
 int dtype_block_elems(spark_dtype dtype);
 int dtype_block_bytes(spark_dtype dtype);
 
-/* Bytes of a row of n elements; 0 when n is not a multiple of the block size. */
+/* Bytes of a row of n elements; 0 when n is not a multiple of the block size
+ * (or the byte count would not fit in 64 bits). */
 uint64_t dtype_row_bytes(spark_dtype dtype, uint64_t n);
 
 /* GGML type number -> our dtype; returns -1 for a type we do not read. */
@@ -34,11 +38,18 @@ int dtype_from_ggml(uint32_t ggml_type);
 uint32_t dtype_to_ggml(spark_dtype dtype);
 /* The GGML name of any GGML type number ("q5_1", ...) or NULL if unknown. */
 const char *ggml_type_name(uint32_t ggml_type);
+/* Block geometry of any known GGML type number, including the ones we cannot
+ * compute with (q5_1, iq2_xxs, ...), so a GGUF reader can size and bounds-check
+ * every tensor. Returns false (outputs untouched) for numbers that are not a
+ * GGML type: never assigned, or removed from the format (4, 5, 31-33, 36-38). */
+bool ggml_type_block(uint32_t ggml_type, uint32_t *block_elems, uint32_t *block_bytes);
 
 /* safetensors dtype string ("F32", "F16", "BF16") -> dtype, or -1. */
 int dtype_from_safetensors(const char *name);
 
-/* Scalar conversions. */
+/* Scalar conversions: exact for every input class (normals, subnormals, +-0,
+ * +-inf); NaN stays NaN (quiet) with its sign. f32_to_f16 rounds to nearest
+ * even and overflows to inf like a hardware conversion. */
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 float bf16_to_f32(uint16_t b);

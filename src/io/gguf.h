@@ -55,7 +55,7 @@ typedef struct gguf_kv {
 } gguf_kv;
 
 typedef struct gguf_file {
-    mapped_file file;   /* moved into tensors.files[0] on open; use tensors.files[0] */
+    mapped_file file;   /* moved into tensors.files[0] on open and left zeroed; use tensors.files[0] */
     uint32_t version;
     gguf_kv *kvs;
     int64_t n_kvs;
@@ -63,14 +63,20 @@ typedef struct gguf_file {
     uint64_t data_offset; /* start of the tensor data section */
     tensor_dir tensors;
     /* GGML type number per tensor, also for types tensor_dir cannot hold
-     * (those tensors are still listed; their dtype is then meaningless and
+     * (those tensors are still listed, with nbytes computed and bounds-checked
+     * from the GGML block size; their dtype is then SPARK_DTYPE_COUNT and
      * ggml_types[i] says what it was). */
     uint32_t *ggml_types;
 } gguf_file;
 
 /* Open and validate `path`. On failure *out is left zeroed and the error
  * names the file. Tensors of a GGML type we do not read are NOT an error
- * here (they get flagged in ggml_types); the model loader refuses them by name. */
+ * here (they get flagged in ggml_types); the model loader refuses them by name.
+ * A GGML type number that is not a GGML type at all is SPARK_ERR_FORMAT.
+ * Status: SPARK_ERR_IO (cannot open/map), SPARK_ERR_UNSUPPORTED (version 1,
+ * versions above 3, big-endian files), SPARK_ERR_FORMAT (anything malformed,
+ * including duplicate keys or tensor names). Nested arrays are validated and
+ * skipped (depth limit 16); their kv has arr_type ARRAY and no accessors. */
 spark_status gguf_open(const char *path, gguf_file *out);
 void gguf_close(gguf_file *g);
 
@@ -86,9 +92,10 @@ spark_status gguf_get_f64(const gguf_file *g, const char *key, double *out);
 spark_status gguf_get_bool(const gguf_file *g, const char *key, bool *out);
 spark_status gguf_get_str(const gguf_file *g, const char *key, gguf_str *out);
 
-/* Array element access (the caller checks arr_type / arr_len). */
+/* Array element access (the caller checks arr_type / arr_len; a wrong type
+ * or index is an ASSERT, not an error). */
 gguf_str gguf_arr_str(const gguf_kv *kv, uint64_t i);
-int64_t gguf_arr_i64(const gguf_kv *kv, uint64_t i);   /* any integer / bool array */
+int64_t gguf_arr_i64(const gguf_kv *kv, uint64_t i);   /* any integer / bool array; uint64 > INT64_MAX wraps */
 double gguf_arr_f64(const gguf_kv *kv, uint64_t i);    /* any numeric array */
 
 const char *gguf_type_name(gguf_type t);

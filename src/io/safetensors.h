@@ -12,11 +12,18 @@
 
 #include "io/tensor_dir.h"
 
-/* Load the tensors of the HF checkpoint directory `dir`. On failure *out is zeroed. */
+/* Load the tensors of the HF checkpoint directory `dir`: DIR/model.safetensors
+ * if it exists, else the shards named by DIR/model.safetensors.index.json
+ * (each loaded once; every tensor of the weight_map must be in its shard;
+ * shard names must stay inside DIR), else SPARK_ERR_MISSING naming both.
+ * On failure *out is zeroed. */
 spark_status safetensors_open_dir(const char *dir, tensor_dir *out);
 
 /* Load one .safetensors file, appending its tensors to `dir` (which may be
- * zeroed or already hold tensors from other shards). */
+ * zeroed or already hold tensors from other shards); the dir takes the
+ * mapping. A name already in `dir` is SPARK_ERR_FORMAT; a dtype other than
+ * F32/F16/BF16, or more than 4 dimensions, is SPARK_ERR_UNSUPPORTED. On
+ * failure `dir` is left exactly as it was. */
 spark_status safetensors_append_file(const char *path, tensor_dir *dir);
 
 #endif

@@ -42,4 +42,23 @@ int64_t tensor_numel(const tensor_info *t);
 /* Unmap every file and free every name; safe on a zeroed struct. */
 void tensor_dir_free(tensor_dir *dir);
 
+/* ---- for the format readers that build a dir ---------------------------- */
+
+/* Make room for `extra` more tensors: dir->tensors gets n_tensors + extra
+ * entries, those past n_tensors zeroed; n_tensors is unchanged (the reader
+ * fills the new entries, then raises n_tensors). SPARK_ERR_NOMEM on failure,
+ * with the dir unchanged. */
+spark_status tensor_dir_reserve(tensor_dir *dir, int64_t extra);
+
+/* Move the mapping `*file` into dir->files (the dir then owns and unmaps it;
+ * *file is zeroed). Paths stay at the same address, so tensor_info.file may
+ * point at dir->files[i].path across later calls. SPARK_ERR_NOMEM on failure,
+ * with *file untouched. */
+spark_status tensor_dir_adopt_file(tensor_dir *dir, mapped_file *file);
+
+/* SPARK_OK when no two of the first n_tensors names are equal; otherwise
+ * SPARK_ERR_FORMAT naming the tensor and the file(s) holding both copies.
+ * O(n log n), so a hostile file with millions of names cannot stall it. */
+spark_status tensor_dir_check_unique(const tensor_dir *dir);
+
 #endif
