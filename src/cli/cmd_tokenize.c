@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int usage_error(const char *cmd, const char *fmt, const char *arg)
 {
@@ -75,11 +76,15 @@ static int load_tok(const char *cmd, const char *model, spark_tokenizer **tok)
 /* ---- spark tokenize --------------------------------------------------------------- */
 
 static const char tokenize_help[] =
-    "usage: spark tokenize MODEL (--text STR | --file LINES.jsonl) [--json] [--plain-specials] [--bos]\n"
+    "usage: spark tokenize MODEL (--text STR | --file LINES.jsonl | --input FILE) [--json] [--plain-specials]\n"
+    "                     [--bos] [--count] [--time]\n"
     "  MODEL             HF directory, tokenizer.json or .gguf file\n"
     "  --text STR        text to encode (invalid UTF-8 becomes U+FFFD before encoding)\n"
     "  --file PATH       one JSON string per line; prints one JSON id array per line\n"
+    "  --input PATH      encode the file's bytes as one text\n"
     "  --json            print ids as a JSON array instead of space-separated\n"
+    "  --count           print only the number of ids\n"
+    "  --time            report encode time and MB/s on stderr (loading excluded)\n"
     "  --plain-specials  encode added-token text (<|User|>, <think>, ...) as plain text\n"
     "  --bos             prepend the BOS id\n";
 
@@ -187,21 +192,50 @@ static int tokenize_lines(spark_tokenizer *tok, const char *path, uint32_t flags
     return rc;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --text / --input: one text, encoded whole. */
+static int tokenize_one(spark_tokenizer *tok, const char *text, size_t len, uint32_t flags, bool json, bool count,
+                        bool timed)
+{
+    spark_token_buf ids = {0};
+    double t0 = now_s();
+    spark_status st = spark_tokenizer_encode(tok, text, len, flags, &ids);
+    double dt = now_s() - t0;
+    if (st != SPARK_OK) return spark_token_buf_free(&ids), runtime_error("tokenize", st);
+    if (timed)
+        fprintf(stderr, "encoded %zu bytes into %zu ids in %.3f s: %.2f MB/s\n", len, ids.n, dt,
+                dt > 0 ? (double)len / dt / 1e6 : 0.0);
+    if (count) printf("%zu\n", ids.n);
+    else print_ids(&ids, json, stdout);
+    spark_token_buf_free(&ids);
+    return 0;
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
-    const char *model = NULL, *text = NULL, *file = NULL;
-    bool json = false;
+    const char *model = NULL, *text = NULL, *file = NULL, *input = NULL;
+    bool json = false, count = false, timed = false;
     uint32_t flags = SPARK_ENCODE_PARSE_SPECIAL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(tokenize_help, stdout);
             return 0;
-        } else if (!strcmp(a, "--text") || !strcmp(a, "--file")) {
+        } else if (!strcmp(a, "--text") || !strcmp(a, "--file") || !strcmp(a, "--input")) {
             if (i + 1 >= argc) return usage_error("tokenize", "%s needs a value", a);
-            *(a[2] == 't' ? &text : &file) = argv[++i];
+            *(a[2] == 't' ? &text : a[2] == 'f' ? &file : &input) = argv[++i];
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "--count")) {
+            count = true;
+        } else if (!strcmp(a, "--time")) {
+            timed = true;
         } else if (!strcmp(a, "--plain-specials")) {
             flags &= ~(uint32_t)SPARK_ENCODE_PARSE_SPECIAL;
         } else if (!strcmp(a, "--bos")) {
@@ -215,22 +249,20 @@ int cmd_tokenize(int argc, char **argv)
         }
     }
     if (!model) return usage_error("tokenize", "%s", "missing MODEL");
-    if (!text == !file) return usage_error("tokenize", "%s", "give exactly one of --text or --file");
-    spark_tokenizer *tok;
-    if (load_tok("tokenize", model, &tok)) return 1;
+    if ((text != NULL) + (file != NULL) + (input != NULL) != 1)
+        return usage_error("tokenize", "%s", "give exactly one of --text, --file or --input");
+    size_t in_len = 0;
+    char *in_data = input ? read_all("tokenize", input, &in_len) : NULL;
+    if (input && !in_data) return 1;
+    spark_tokenizer *tok = NULL;
+    int rc = load_tok("tokenize", model, &tok);
     static char outbuf[1 << 16];
     setvbuf(stdout, outbuf, _IOFBF, sizeof outbuf);
-    int rc = 0;
-    if (file) {
-        rc = tokenize_lines(tok, file, flags);
-    } else {
-        spark_token_buf ids = {0};
-        spark_status st = spark_tokenizer_encode(tok, text, strlen(text), flags, &ids);
-        if (st == SPARK_OK) print_ids(&ids, json, stdout);
-        else rc = runtime_error("tokenize", st);
-        spark_token_buf_free(&ids);
-    }
+    if (rc == 0 && file) rc = tokenize_lines(tok, file, flags);
+    else if (rc == 0 && input) rc = tokenize_one(tok, in_data, in_len, flags, json, count, timed);
+    else if (rc == 0) rc = tokenize_one(tok, text, strlen(text), flags, json, count, timed);
     spark_tokenizer_free(tok);
+    free(in_data);
     fflush(stdout);
     return rc;
 }
@@ -419,7 +451,10 @@ static int render_chat(spark_tokenizer *tok, const spark_chat *chat, bool json)
     size_t len = 0;
     spark_token_buf ids = {0};
     spark_status st = spark_chat_render(tok, chat, &text, &len, &ids);
-    if (st != SPARK_OK) return runtime_error("chat-template", st);
+    if (st != SPARK_OK) {
+        spark_token_buf_free(&ids);
+        return runtime_error("chat-template", st);
+    }
     if (json) {
         fputs("{\"text\":", stdout);
         print_json_string(text, len, stdout);

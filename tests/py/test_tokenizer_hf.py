@@ -7,7 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from sparktest import run_spark
+from sparktest import ROOT, run_spark
 from tok_corpus import make_corpus
 from tok_helpers import (added_contents, fixture_json, real_dir, report, spark_decode_batch,
                          spark_encode_batch)
@@ -20,11 +20,18 @@ def fixture_path(tmp_path_factory):
     return fixture_json(tmp_path_factory.mktemp("tok"))
 
 
+TINY_JSON = ROOT / "models" / "spark-tiny" / "tokenizer.json"
+
+
 def sources(which, fixture_path):
     """(model path for spark, path of the oracle tokenizer.json)."""
     if which == "real":
         d = real_dir()
         return d / "tokenizer.json", d / "tokenizer.hf.json"
+    if which == "tiny":
+        if not TINY_JSON.exists():
+            pytest.skip(f"{TINY_JSON} not trained yet (models/spark-tiny)")
+        return TINY_JSON, TINY_JSON
     return fixture_path, fixture_path
 
 
@@ -46,7 +53,7 @@ def test_real_test_vectors():
         assert json.loads(run_spark(["tokenize", model, "--text", " Paris", "--json"]).stdout) == [19500]
 
 
-@pytest.mark.parametrize("which", ["real", "fixture"])
+@pytest.mark.parametrize("which", ["real", "fixture", "tiny"])
 def test_agreement_with_hf(which, fixture_path):
     model, oracle = sources(which, fixture_path)
     corpus = corpus_for(oracle)
