@@ -5,6 +5,7 @@
 
 #include "cli/cli_util.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +28,11 @@ void term_install_sigint(void)
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
+    /* a parent may hand us SIGINT blocked (test harnesses do): unblock it */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
 }
 
 int term_interrupted(void) { return cancel_flag; }
