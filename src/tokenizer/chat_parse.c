@@ -64,6 +64,7 @@ static spark_status sb_put(sbuf *b, const char *s, size_t n)
 
 static void sb_drop_front(sbuf *b, size_t n)
 {
+    if (n == 0) return;
     memmove(b->p, b->p + n, b->n - n);
     b->n -= n;
     b->p[b->n] = '\0';
@@ -102,6 +103,7 @@ static spark_status push_event(spark_chat_parser *p, spark_chat_event_kind kind,
 /* Free the events already handed out (their pointers expire now). */
 static void release_returned(spark_chat_parser *p)
 {
+    if (p->head == 0) return;
     for (size_t i = 0; i < p->head; i++) free(p->ev[i].a), free(p->ev[i].b);
     memmove(p->ev, p->ev + p->head, (p->n_ev - p->head) * sizeof *p->ev);
     p->n_ev -= p->head;
