@@ -1,0 +1,47 @@
+/*
+ * cpu_internal.h — the CPU backend's private state, shared by its files:
+ * cpu_backend.c (the backend_ops table, elementwise ops, rope), matmul.c
+ * (GEMV / GEMM drivers) and attention.c.
+ */
+#ifndef SPARK_BACKEND_CPU_INTERNAL_H
+#define SPARK_BACKEND_CPU_INTERNAL_H
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/threadpool.h"
+#include "engine/backend.h"
+
+/* cos/sin of one rope class for a run of positions: [n][half] each. */
+typedef struct rope_table {
+    int64_t pos0;
+    int n, rot_dims;
+    double theta;
+    float *cs, *sn;
+    int cap; /* rows allocated */
+} rope_table;
+
+typedef struct cpu_backend {
+    backend base; /* first: the engine holds a backend* */
+    thread_pool *pool;
+    cpu_kernels k;
+    /* GEMM scratch, grown on demand */
+    float *packed;       /* packed token groups */
+    size_t packed_cap;   /* floats */
+    float **panel;       /* per thread: dequantized weight rows */
+    size_t panel_cap;    /* floats per thread */
+    rope_table rope[2];
+} cpu_backend;
+
+static inline cpu_backend *cpu_of(backend *be) { return (cpu_backend *)be; }
+
+/* out[t, r] = sum_c x[t, c] * W[r, c] for t < n (x: [n, cols], out: [n, rows]). */
+void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, int n);
+
+/* The backend's attention op (see backend.h). */
+void cpu_attention(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
+                   const attn_shape *sh);
+
+/* Split [0, total) into nth nearly equal ranges whose starts are multiples
+ * of `align`; range ith is [*lo, *hi). */
+void cpu_split(int64_t total, int64_t align, int ith, int nth, int64_t *lo, int64_t *hi);
+
+#endif

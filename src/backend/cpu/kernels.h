@@ -1,0 +1,88 @@
+/*
+ * kernels.h — the CPU compute kernels, one table per instruction-set level.
+ *
+ * kernels_scalar.c is the portable reference; kernels_avx2.c,
+ * kernels_avx512.c and kernels_neon.c instantiate the same SIMD templates
+ * (kernels_simd.inc) for their vector width. A SIMD table may leave an entry
+ * NULL; cpu_kernels_resolve() fills it from the scalar table, so callers
+ * never check. Every kernel takes plain pointers (no alignment required)
+ * and is single-threaded: threads/matmul.c split the work.
+ *
+ * Numerics: all products are float32 multiply-adds of the exact dequantized
+ * weight (the value weight_row_to_f32 returns) and float32 activations, so a
+ * SIMD result differs from the scalar one only by summation order (relative
+ * error ~1e-6 for rows of thousands). dequant[] is bit-exact with
+ * weight_row_to_f32.
+ */
+#ifndef SPARK_BACKEND_CPU_KERNELS_H
+#define SPARK_BACKEND_CPU_KERNELS_H
+
+#include "backend/cpu/cpu_features.h"
+#include "io/dtype.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    GEMV_MAX_TOKENS = 4, /* tokens one GEMV call shares each weight load between */
+    GEMM_MAX_TOKENS = 32, /* widest packed token group of any level */
+    GEMM_MAX_ROWS = 12,  /* most rows of any level's GEMM micro-tile */
+};
+
+/* y[t*ys + r] = sum_c W[r, c] * x[t*xs + c] for r < rows, t < nt (1..GEMV_MAX_TOKENS).
+ * w: the first row's bytes, rows row_bytes apart; cols a multiple of the block size. */
+typedef void (*gemv_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t cols, const float *x, int64_t xs,
+                        int nt, float *y, int64_t ys);
+
+/* rows x cols dequantized into out (row-major, cols floats per row). */
+typedef void (*dequant_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t cols, float *out);
+
+typedef struct cpu_kernels {
+    cpu_isa isa;
+    int gemm_tokens; /* TW: tokens per packed group (a multiple of the vector width) */
+    int gemm_rows;   /* TR: weight rows per GEMM micro-tile */
+
+    gemv_fn gemv[SPARK_DTYPE_COUNT];
+    dequant_fn dequant[SPARK_DTYPE_COUNT];
+
+    /* One GEMM micro-tile: y[t*ys + r] = sum_c w[r*ldw + c] * xp[c*TW + t] for
+     * r < nr (<= TR), t < nt (<= TW). xp is a packed token group (pack_tokens). */
+    void (*gemm_tile)(const float *xp, const float *w, int64_t ldw, int nr, int64_t cols, float *y, int64_t ys,
+                      int nt);
+
+    float (*dot)(const float *a, const float *b, int64_t n);
+    void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a x */
+    void (*scale)(float *y, float a, int64_t n);                /* y *= a */
+    void (*add)(float *y, const float *x, int64_t n);           /* y += x */
+    /* a = gelu_erf(a) * b; SIMD levels use a polynomial erf (|error| < 2e-7) */
+    void (*gelu_mul)(float *a, const float *b, int64_t n);
+    /* out = x / sqrt(mean(x^2) + eps) * w, the sum of squares in double */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t dim, float eps);
+    /* NeoX rotation of pairs (j, j + half) of one head: cs/sn hold half angles */
+    void (*rope_head)(float *v, const float *cs, const float *sn, int half);
+    /* s[i] = exp(s[i] - max) for i < n; returns their sum (fixed order) */
+    float (*exp_sum)(float *s, float max, int64_t n);
+    /* y += sum_j a[j] * rows[j] (dim floats each), j < n: attention's P.V */
+    void (*axpy_rows)(float *y, const float *a, const float *const *rows, int n, int64_t dim);
+} cpu_kernels;
+
+/* The table of one level with NULL entries filled from the scalar table.
+ * Returns 0 (and leaves *out alone) when `isa` is not compiled in or this
+ * CPU cannot run it. */
+int cpu_kernels_resolve(cpu_isa isa, cpu_kernels *out);
+
+/* Pack n (<= TW) token rows x[t*xs + c] into xp[c*TW + t], zero-filling
+ * tokens n..TW-1 (the layout gemm_tile reads). */
+void cpu_pack_tokens(float *xp, const float *x, int64_t xs, int n, int64_t cols, int tw);
+
+/* Per-level tables (NULL-entry fields are filled by cpu_kernels_resolve). */
+extern const cpu_kernels cpu_kernels_scalar;
+#if defined(__x86_64__)
+extern const cpu_kernels cpu_kernels_avx2;
+extern const cpu_kernels cpu_kernels_avx512;
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+extern const cpu_kernels cpu_kernels_neon;
+#endif
+
+#endif
