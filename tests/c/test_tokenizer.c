@@ -225,6 +225,69 @@ static void test_threads_share_a_tokenizer(void)
     spark_tokenizer_free(t);
 }
 
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+/* Random bytes (biased to UTF-8 lead/continuation bytes, added-token text,
+ * spaces and digits): encoding never fails, decoding gives back exactly the
+ * repaired input, and random ids decode to valid UTF-8. */
+static void test_fuzz_round_trip(void)
+{
+    spark_tokenizer *t = small();
+    if (!t) return;
+    static const char *const bits[] = {"<x>", "<xy>", "<x", " ", "  ", "\n", "7", "ab", "\xc3", "\xa9", "\xe4\xb8",
+                                       "\xad", "\xf0\x9f", "\x98\x80", "\xff", "\x00", "\xe3\x81\x82"};
+    char buf[256], fixed[1024];
+    int bad = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t n = 0, parts = rnd() % 12;
+        for (size_t k = 0; k < parts; k++) {
+            if (rnd() % 3 == 0) {
+                buf[n++] = (char)(rnd() & 0xFF);
+            } else {
+                const char *b = bits[rnd() % (sizeof bits / sizeof bits[0])];
+                size_t l = b[0] ? strlen(b) : 1; /* "\x00" is one NUL byte */
+                memcpy(buf + n, b, l);
+                n += l;
+            }
+        }
+        size_t m = utf8_repair((const uint8_t *)buf, n, fixed);
+        for (uint32_t flags = 0; flags < 2; flags++) {
+            spark_token_buf ids = {0};
+            char *text = NULL;
+            size_t len = 0;
+            if (spark_tokenizer_encode(t, buf, n, flags, &ids) != SPARK_OK ||
+                spark_tokenizer_decode(t, ids.ids, ids.n, 0, &text, &len) != SPARK_OK || len != m ||
+                memcmp(text, fixed, m) != 0) {
+                if (!bad) {
+                    printf("  fuzz case: flags %u, %zu bytes:", flags, n);
+                    for (size_t k = 0; k < n; k++) printf(" %02x", (unsigned char)buf[k]);
+                    printf("\n  decoded %zu bytes, want %zu\n", len, m);
+                }
+                bad++;
+            }
+            free(text);
+            spark_token_buf_free(&ids);
+        }
+        int32_t rid[8];
+        for (int k = 0; k < 8; k++) rid[k] = (int32_t)(rnd() % 264) + 8; /* ids 2..9 are holes */
+        for (int k = 0; k < 8; k++) rid[k] = rid[k] < 10 ? rid[k] - 8 : rid[k];
+        char *text;
+        size_t len;
+        if (spark_tokenizer_decode(t, rid, 8, 0, &text, &len) != SPARK_OK || !utf8_valid((const uint8_t *)text, len))
+            bad++;
+        else
+            free(text);
+    }
+    CHECK_MSG(bad == 0, "%d fuzz cases failed", bad);
+    spark_tokenizer_free(t);
+}
+
 static void test_load_errors(void)
 {
     spark_tokenizer *t = (spark_tokenizer *)1;
@@ -276,6 +339,7 @@ int main(void)
     RUN(test_invalid_utf8_is_replaced);
     RUN(test_decode_and_stream);
     RUN(test_threads_share_a_tokenizer);
+    RUN(test_fuzz_round_trip);
     RUN(test_load_errors);
     RUN(test_real_spark_vocab);
     unlink(tmp_json);
