@@ -11,7 +11,8 @@
  * (id 1). A tool call is <tool_call>{name}<arg_key>{k}</arg_key><arg_value>{v}
  * </arg_value>...</tool_call>, string values raw and other values as compact
  * JSON. Every system message's content is appended to the one system turn,
- * in order, each after "\n\n".
+ * in order, each after "\n\n". An assistant content that still holds its
+ * reasoning ("...</think>answer") keeps only the part after the last </think>.
  *
  * SPEC §6 names a "tools block" without giving its words; this runtime's
  * block (TOOLS_* below) lists each tool definition as one line of compact
@@ -159,6 +160,15 @@ static spark_status tool_call(render *r, const spark_tool_call *call, int32_t ms
     return st;
 }
 
+/* Past reasoning is dropped, also when it was left inside the content:
+ * keep only what follows the last "</think>". */
+static const char *answer_part(const char *content)
+{
+    const char *cut = content;
+    for (const char *p = content; p && (p = strstr(p, "</think>")); p += 8) cut = p + 8;
+    return cut;
+}
+
 static spark_status message(render *r, const spark_chat *c, int32_t i)
 {
     const spark_chat_message *m = &c->messages[i];
@@ -174,7 +184,7 @@ static spark_status message(render *r, const spark_chat *c, int32_t i)
         TRY(marker(r, SOS));
         TRY(marker(r, "<|Bot|>"));
         TRY(marker(r, "</think>"));
-        TRY(text(r, m->content));
+        TRY(text(r, answer_part(m->content)));
         for (int32_t k = 0; k < m->n_tool_calls; k++) TRY(tool_call(r, &m->tool_calls[k], i));
         return marker(r, EOS);
     case SPARK_CHAT_TOOL: {

@@ -39,9 +39,12 @@ CASES = [
         {"role": "system", "content": "Answer in French."},
         {"role": "user", "content": "What is the capital of France?"},
         {"role": "assistant", "content": "Paris.", "reasoning_content": "Easy: Paris."},
+        {"role": "user", "content": "Sure?"},
+        {"role": "assistant", "content": "I think so...</think>Yes."},
         {"role": "user", "content": "And of Italy?\nBe brief."}], None, True, True,
      HEAD + "\n\nAnswer in French." + EOS + SOS + "<|User|>What is the capital of France?" + EOS
-     + SOS + "<|Bot|></think>Paris." + EOS + SOS + "<|User|>And of Italy?\nBe brief." + EOS
+     + SOS + "<|Bot|></think>Paris." + EOS + SOS + "<|User|>Sure?" + EOS + SOS + "<|Bot|></think>Yes." + EOS
+     + SOS + "<|User|>And of Italy?\nBe brief." + EOS
      + SOS + "<|Bot|><think>"),
     ("tools_and_results", [
         {"role": "user", "content": "Weather in Paris and the time?"},
@@ -84,7 +87,7 @@ TEMPLATE = (
     "{%- for m in messages if m.role == 'system' %}\n\n{{ m.content }}{% endfor %}{{ eos }}"
     "{%- for m in messages %}"
     "{%- if m.role == 'user' %}{{ sos }}<|User|>{{ m.content }}{{ eos }}"
-    "{%- elif m.role == 'assistant' %}{{ sos }}<|Bot|></think>{{ m.content or '' }}"
+    "{%- elif m.role == 'assistant' %}{{ sos }}<|Bot|></think>{{ (m.content or '').split('</think>')[-1] }}"
     "{%- for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}"
     "{%- for k, v in c.function.arguments.items() %}<arg_key>{{ k }}</arg_key><arg_value>"
     "{{- v if v is string else v | compact }}</arg_value>{% endfor %}</tool_call>{% endfor %}{{ eos }}"
@@ -169,3 +172,24 @@ def test_bad_messages_are_clean_errors(tok_path, tmp_path):
     assert "JSON" in run_spark(["chat-template", tok_path[0], "--messages", mf], expect_rc=1).stderr
     mf.write_text(json.dumps([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]))
     assert "not a JSON object" in run_spark(["chat-template", tok_path[0], "--messages", mf], expect_rc=1).stderr
+
+
+def test_tiny_model_template_agrees_without_tools(tok_path, tmp_path):
+    """models/spark-tiny ships its own chat_template (written from SPEC §6
+    for training); where SPEC §6 fixes every character (no tools block, at
+    most one system message) it must agree with the C renderer."""
+    from tok_helpers import ROOT
+    cfg = ROOT / "models" / "spark-tiny" / "tokenizer_config.json"
+    if not cfg.exists():
+        pytest.skip("models/spark-tiny has no tokenizer_config.json yet")
+    template = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
+    if not template:
+        pytest.skip("models/spark-tiny has no chat_template")
+    env = jinja2.Environment(keep_trailing_newline=True)
+    for name, messages, tools, think, gen, expected in CASES:
+        if tools or sum(m["role"] == "system" for m in messages) > 1:
+            continue
+        theirs = env.from_string(template).render(messages=messages, tools=None, enable_thinking=think,
+                                                  add_generation_prompt=gen)
+        assert theirs == expected, name
+        assert spark_render(tok_path[0], tmp_path, messages, tools, think, gen)["text"] == theirs
