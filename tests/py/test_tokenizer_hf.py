@@ -92,6 +92,7 @@ def test_round_trip_and_streaming(which, fixture_path):
     assert spark_decode_batch(model, ids) == corpus
     hf = Tokenizer.from_file(str(oracle))
     assert spark_decode_batch(model, ids) == hf.decode_batch(ids, skip_special_tokens=False)
+    assert spark_decode_batch(model, ids, skip_special=True) == hf.decode_batch(ids, skip_special_tokens=True)
     # Streaming: every prefix's output is valid UTF-8 (strict decoding in the
     # helper) and the chunks add up to the whole text.
     chunks = spark_decode_batch(model, ids, stream=True)
