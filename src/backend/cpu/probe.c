@@ -1,0 +1,253 @@
+/*
+ * probe.c — the bandwidth and FMA-peak probes behind `spark bench`.
+ *
+ * Bandwidth: each thread sums its own contiguous slice with four vector
+ * accumulators (enough to keep loads in flight; the adds are free next to
+ * DRAM), the way the GEMV kernels stream weights. FMA peak: each thread
+ * runs NACC independent multiply-add chains (latency x ports of a modern
+ * core is at most ~10), so the loop is bound by FMA throughput alone.
+ * Both run on the same thread pool as the kernels.
+ */
+#include "backend/cpu/probe.h"
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/threadpool.h"
+#include "base/error.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- streaming read ------------------------------------------------------------ */
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static float sum_avx512(const float *p, size_t n)
+{
+    __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        a = _mm512_add_ps(a, _mm512_load_ps(p + i));
+        b = _mm512_add_ps(b, _mm512_load_ps(p + i + 16));
+        c = _mm512_add_ps(c, _mm512_load_ps(p + i + 32));
+        d = _mm512_add_ps(d, _mm512_load_ps(p + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+}
+
+__attribute__((target("avx2"))) static float sum_avx2(const float *p, size_t n)
+{
+    __m256 a = _mm256_setzero_ps(), b = a, c = a, d = a;
+    for (size_t i = 0; i + 32 <= n; i += 32) {
+        a = _mm256_add_ps(a, _mm256_load_ps(p + i));
+        b = _mm256_add_ps(b, _mm256_load_ps(p + i + 8));
+        c = _mm256_add_ps(c, _mm256_load_ps(p + i + 16));
+        d = _mm256_add_ps(d, _mm256_load_ps(p + i + 24));
+    }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+#endif
+
+static float sum_plain(const float *p, size_t n)
+{
+    float acc[8] = {0};
+    for (size_t i = 0; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += p[i + k];
+    return acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+}
+
+typedef struct read_job {
+    const float *buf;
+    size_t n; /* floats, a multiple of 64 * threads */
+    cpu_isa isa;
+    float sink[256];
+} read_job;
+
+static void read_task(void *arg, int ith, int nth)
+{
+    read_job *j = arg;
+    size_t slice = j->n / (size_t)nth;
+    const float *p = j->buf + slice * (size_t)ith;
+    float s;
+#if defined(__x86_64__)
+    if (j->isa == CPU_ISA_AVX512) s = sum_avx512(p, slice);
+    else if (j->isa == CPU_ISA_AVX2) s = sum_avx2(p, slice);
+    else s = sum_plain(p, slice);
+#else
+    s = sum_plain(p, slice);
+#endif
+    j->sink[ith % 256] = s;
+}
+
+spark_status cpu_probe_bandwidth(int n_threads, size_t bytes, int reps, double *gb_s)
+{
+    *gb_s = 0;
+    if (n_threads < 1) n_threads = 1;
+    size_t unit = 64 * sizeof(float) * (size_t)n_threads;
+    bytes = bytes / unit * unit;
+    if (bytes == 0) bytes = unit;
+    float *buf = aligned_alloc(64, bytes);
+    if (!buf) return spark_fail(SPARK_ERR_NOMEM, "bandwidth probe: cannot allocate %zu bytes", bytes);
+    memset(buf, 0, bytes); /* fault every page in before timing */
+    thread_pool *pool;
+    spark_status st = pool_create(n_threads, &pool);
+    if (st != SPARK_OK) {
+        free(buf);
+        return st;
+    }
+    read_job j = {.buf = buf, .n = bytes / sizeof(float), .isa = cpu_isa_active()};
+    double best = 1e30;
+    for (int r = 0; r < (reps > 0 ? reps : 1); r++) {
+        double t0 = now_s();
+        pool_run(pool, read_task, &j, n_threads);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    pool_free(pool);
+    free(buf);
+    *gb_s = (double)bytes / best / 1e9;
+    return SPARK_OK;
+}
+
+/* ---- FMA peak -------------------------------------------------------------------- */
+
+enum { NACC = 16, NACC_AVX2 = 12, FMA_ITERS = 1 << 24 };
+
+#if defined(__x86_64__)
+/* NACC independent chains of zmm FMAs: 16 lanes x 2 flops per instruction. */
+__attribute__((target("avx512f"))) static double fma_avx512(long iters, float *sink)
+{
+    __m512 acc[NACC], m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+    for (int k = 0; k < NACC; k++) acc[k] = _mm512_set1_ps((float)k);
+    for (long i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int k = 0; k < NACC; k++) acc[k] = _mm512_fmadd_ps(acc[k], m, a);
+    __m512 s = acc[0];
+    for (int k = 1; k < NACC; k++) s = _mm512_add_ps(s, acc[k]);
+    *sink = _mm512_reduce_add_ps(s);
+    return (double)iters * NACC * 16 * 2;
+}
+
+/* 12 chains: 16 ymm registers hold them plus the two constants. */
+__attribute__((target("avx2,fma"))) static double fma_avx2(long iters, float *sink)
+{
+    __m256 acc[NACC_AVX2], m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
+    for (int k = 0; k < NACC_AVX2; k++) acc[k] = _mm256_set1_ps((float)k);
+    for (long i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int k = 0; k < NACC_AVX2; k++) acc[k] = _mm256_fmadd_ps(acc[k], m, a);
+    __m256 s = acc[0];
+    for (int k = 1; k < NACC_AVX2; k++) s = _mm256_add_ps(s, acc[k]);
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    *sink = t[0] + t[7];
+    return (double)iters * NACC_AVX2 * 8 * 2;
+}
+#endif
+
+#if defined(__aarch64__) && defined(__ARM_NEON)
+static double fma_neon(long iters, float *sink)
+{
+    float32x4_t acc[NACC], m = vdupq_n_f32(0.999999f), a = vdupq_n_f32(1e-7f);
+    for (int k = 0; k < NACC; k++) acc[k] = vdupq_n_f32((float)k);
+    for (long i = 0; i < iters; i++)
+        for (int k = 0; k < NACC; k++) acc[k] = vfmaq_f32(a, acc[k], m);
+    float32x4_t s = acc[0];
+    for (int k = 1; k < NACC; k++) s = vaddq_f32(s, acc[k]);
+    *sink = vaddvq_f32(s);
+    return (double)iters * NACC * 4 * 2;
+}
+#endif
+
+static double fma_plain(long iters, float *sink)
+{
+    float acc[NACC];
+    for (int k = 0; k < NACC; k++) acc[k] = (float)k;
+    for (long i = 0; i < iters; i++)
+        for (int k = 0; k < NACC; k++) acc[k] = acc[k] * 0.999999f + 1e-7f;
+    float s = 0;
+    for (int k = 0; k < NACC; k++) s += acc[k];
+    *sink = s;
+    return (double)iters * NACC * 2;
+}
+
+typedef struct fma_job {
+    cpu_isa isa;
+    long iters;
+    double flops[256];
+    float sink[256];
+} fma_job;
+
+static void fma_task(void *arg, int ith, int nth)
+{
+    fma_job *j = arg;
+    int slot = ith % 256;
+    double (*fn)(long, float *) = fma_plain;
+#if defined(__x86_64__)
+    if (j->isa == CPU_ISA_AVX512) fn = fma_avx512;
+    else if (j->isa == CPU_ISA_AVX2) fn = fma_avx2;
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+    if (j->isa == CPU_ISA_NEON) fn = fma_neon;
+#endif
+    j->flops[slot] = fn(j->iters, &j->sink[slot]);
+}
+
+spark_status cpu_probe_fma_peak(int n_threads, int reps, double *gflop_s)
+{
+    *gflop_s = 0;
+    if (n_threads < 1) n_threads = 1;
+    thread_pool *pool;
+    TRY(pool_create(n_threads, &pool));
+    fma_job j = {.isa = cpu_isa_active(), .iters = FMA_ITERS / 8};
+    pool_run(pool, fma_task, &j, n_threads); /* warm-up: clocks up, threads awake */
+    j.iters = j.isa == CPU_ISA_SCALAR ? FMA_ITERS / 8 : FMA_ITERS;
+    double best = 0;
+    for (int r = 0; r < (reps > 0 ? reps : 1); r++) {
+        double t0 = now_s();
+        pool_run(pool, fma_task, &j, n_threads);
+        double t = now_s() - t0, flops = 0;
+        for (int i = 0; i < n_threads && i < 256; i++) flops += j.flops[i];
+        if (flops / t > best) best = flops / t;
+    }
+    pool_free(pool);
+    *gflop_s = best / 1e9;
+    return SPARK_OK;
+}
+
+const char *cpu_model_name(void)
+{
+    static char name[128] = "";
+    if (name[0]) return name;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        const char *colon = strchr(line, ':');
+        if (colon && (!strncmp(line, "model name", 10) || !strncmp(line, "Model", 5))) {
+            colon++;
+            while (*colon == ' ' || *colon == '\t') colon++;
+            snprintf(name, sizeof name, "%s", colon);
+            name[strcspn(name, "\n")] = '\0';
+            break;
+        }
+    }
+    if (f) fclose(f);
+    if (!name[0]) snprintf(name, sizeof name, "unknown");
+    return name;
+}

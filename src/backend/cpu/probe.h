@@ -1,0 +1,28 @@
+/*
+ * probe.h — measure the two machine limits the CPU backend is judged
+ * against: memory bandwidth (decode is bound by it) and peak float32
+ * multiply-add throughput (prefill is bound by it). `spark bench` prints its
+ * results next to these numbers.
+ */
+#ifndef SPARK_BACKEND_CPU_PROBE_H
+#define SPARK_BACKEND_CPU_PROBE_H
+
+#include "spark.h"
+
+#include <stddef.h>
+
+/* Streaming-read bandwidth in GB/s (1e9 bytes/s): n_threads threads each
+ * sum a contiguous slice of a `bytes` buffer (touched first, so no page
+ * faults are timed), best of `reps` passes. Uses the widest vector loads
+ * the CPU has. SPARK_ERR_NOMEM if the buffer cannot be allocated. */
+spark_status cpu_probe_bandwidth(int n_threads, size_t bytes, int reps, double *gb_s);
+
+/* Peak float32 multiply-add rate in GFLOP/s (an FMA counts 2) of
+ * n_threads threads running independent FMAs on registers at the active
+ * ISA level, best of `reps` runs of about 50 ms. */
+spark_status cpu_probe_fma_peak(int n_threads, int reps, double *gflop_s);
+
+/* The CPU's model name ("Intel(R) Xeon(R) ..."), or "unknown". */
+const char *cpu_model_name(void);
+
+#endif

@@ -1,0 +1,360 @@
+/*
+ * cmd_bench.c — `spark bench`: llama-bench-style throughput of one model on
+ * the CPU, next to the machine's own limits.
+ *
+ *   pp<N>  prefill N tokens into an empty context (tokens/s), and its
+ *          GFLOP/s against the measured FMA peak: prefill is compute-bound;
+ *   tg<N>  decode N tokens one at a time from an empty context (tokens/s),
+ *          and the bytes it streams per token against the measured memory
+ *          bandwidth: decode is memory-bound, so tokens/s can at best be
+ *          bandwidth / bytes-per-token (the "floor" of the time per token).
+ *
+ * Both probes run first, with the same thread count as the model, so the
+ * percentages compare like with like. Token ids are drawn from a fixed seed.
+ */
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/probe.h"
+#include "model/model.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char bench_usage[] =
+    "usage: spark bench MODEL [options]\n"
+    "\n"
+    "Measures prefill (pp) and decode (tg) throughput, a memory-bandwidth probe and an\n"
+    "FMA-peak probe, and prints decode GB/s as a share of the bandwidth floor and\n"
+    "prefill GFLOP/s as a share of the FMA peak.\n"
+    "\n"
+    "  -p, --n-prompt N    prompt tokens for the prefill test (default 512; 0 skips it)\n"
+    "  -n, --n-gen N       tokens for the decode test (default 128; 0 skips it)\n"
+    "  -t, --threads N     CPU threads (default: physical cores)\n"
+    "  -r, --reps N        repetitions of each test; mean and spread reported (default 1)\n"
+    "  --probe-mb N        bandwidth probe buffer in MiB (default 1024)\n"
+    "  --no-probe          skip both probes (their fields print as 0)\n"
+    "  --json              one JSON object instead of the table\n";
+
+typedef struct bench_args {
+    const char *model;
+    long n_prompt, n_gen, threads, reps, probe_mb;
+    int json, no_probe;
+} bench_args;
+
+static int parse_bench_args(int argc, char **argv, bench_args *a)
+{
+    static const char cmd[] = "bench";
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *v;
+        long *target = NULL, lo = 0, hi = 0;
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            fputs(bench_usage, stdout);
+            exit(0);
+        } else if (!strcmp(arg, "--json")) {
+            a->json = 1;
+        } else if (!strcmp(arg, "--no-probe")) {
+            a->no_probe = 1;
+        } else if (!strcmp(arg, "-p") || !strcmp(arg, "--n-prompt")) {
+            target = &a->n_prompt, lo = 0, hi = 1 << 20;
+        } else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-gen")) {
+            target = &a->n_gen, lo = 0, hi = 1 << 20;
+        } else if (!strcmp(arg, "-t") || !strcmp(arg, "--threads")) {
+            target = &a->threads, lo = 1, hi = 4096;
+        } else if (!strcmp(arg, "-r") || !strcmp(arg, "--reps")) {
+            target = &a->reps, lo = 1, hi = 1000;
+        } else if (!strcmp(arg, "--probe-mb")) {
+            target = &a->probe_mb, lo = 1, hi = 1 << 20;
+        } else if (arg[0] == '-') {
+            fprintf(stderr, "spark bench: unknown option '%s' (spark bench --help)\n", arg);
+            return 0;
+        } else if (!a->model) {
+            a->model = arg;
+        } else {
+            fprintf(stderr, "spark bench: unexpected argument '%s'\n", arg);
+            return 0;
+        }
+        if (target && (!(v = cli_flag_value(argc, argv, &i, cmd)) || !cli_parse_int(cmd, arg, v, lo, hi, target)))
+            return 0;
+    }
+    if (!a->model) {
+        fprintf(stderr, "spark bench: MODEL is required (spark bench --help)\n");
+        return 0;
+    }
+    return 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- what the model costs ----------------------------------------------------- */
+
+static int64_t matrix_params(const weight_ref *w) { return w->rows * w->cols; }
+
+/* Multiply-add parameters one token passes through in the layers (no head). */
+static int64_t layer_params(const spark_model *m)
+{
+    int64_t p = 0;
+    for (int i = 0; i < m->cfg.n_layer; i++) {
+        const layer_weights *L = &m->layers[i];
+        p += matrix_params(&L->qkv) + matrix_params(&L->gate) + matrix_params(&L->out) +
+             matrix_params(&L->ffn_gate) + matrix_params(&L->ffn_up) + matrix_params(&L->ffn_down);
+    }
+    return p;
+}
+
+/* Keys the token at position pos attends to in layer i. */
+static int64_t visible_keys(const spark_model_config *c, int layer, int64_t pos)
+{
+    if (c->layer_kind[layer] == SPARK_LAYER_SLIDING && pos + 1 > c->sliding_window) return c->sliding_window;
+    return pos + 1;
+}
+
+/* Flops of prefilling positions [0, n) with the head on the last token only:
+ * 2 per multiply-add in the matrices, 4 per (query head, key, dim) in attention. */
+static double prefill_flops(const spark_model *m, int64_t n)
+{
+    const spark_model_config *c = &m->cfg;
+    double f = 2.0 * (double)layer_params(m) * (double)n + 2.0 * (double)matrix_params(&m->head);
+    for (int i = 0; i < c->n_layer; i++)
+        for (int64_t p = 0; p < n; p++) f += 4.0 * c->n_head * c->head_dim * (double)visible_keys(c, i, p);
+    return f;
+}
+
+/* Bytes one decode step at position pos reads: every weight once, plus the
+ * float32 K and V rows of every visible key. */
+static double decode_bytes(const spark_model *m, int64_t pos)
+{
+    const spark_model_config *c = &m->cfg;
+    double kv = 0;
+    for (int i = 0; i < c->n_layer; i++) kv += (double)visible_keys(c, i, pos) * 2.0 * config_kv_dim(c) * 4.0;
+    return (double)m->weight_bytes + kv;
+}
+
+static int64_t total_params(const spark_model *m)
+{
+    int64_t p = 0;
+    for (int64_t i = 0; i < m->tensors->n_tensors; i++) p += tensor_numel(&m->tensors->tensors[i]);
+    return p;
+}
+
+/* ---- the runs ---------------------------------------------------------------------- */
+
+typedef struct stats {
+    double mean, sd; /* tokens/s */
+    double seconds;  /* mean seconds of one rep */
+} stats;
+
+static stats summarize(const double *sec, int reps, int64_t tokens)
+{
+    stats s = {0};
+    for (int r = 0; r < reps; r++) {
+        s.mean += (double)tokens / sec[r] / reps;
+        s.seconds += sec[r] / reps;
+    }
+    for (int r = 0; r < reps; r++) s.sd += pow((double)tokens / sec[r] - s.mean, 2) / (reps > 1 ? reps - 1 : 1);
+    s.sd = sqrt(s.sd);
+    return s;
+}
+
+static void random_ids(int32_t *ids, int64_t n, int32_t vocab)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int64_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)vocab);
+    }
+}
+
+static spark_status run_prefill(spark_session *s, const int32_t *ids, int n, float *logits, int reps, double *sec)
+{
+    for (int r = 0; r < reps; r++) {
+        spark_session_reset(s);
+        double t0 = now_s();
+        spark_status st = spark_session_eval(s, ids, n, logits, 0);
+        sec[r] = now_s() - t0;
+        if (st != SPARK_OK) return st;
+    }
+    return SPARK_OK;
+}
+
+static spark_status run_decode(spark_session *s, const int32_t *ids, int n, float *logits, int reps, double *sec)
+{
+    for (int r = 0; r < reps; r++) {
+        spark_session_reset(s);
+        double t0 = now_s();
+        for (int i = 0; i < n; i++) {
+            spark_status st = spark_session_eval(s, ids + i, 1, logits, 0);
+            if (st != SPARK_OK) return st;
+        }
+        sec[r] = now_s() - t0;
+    }
+    return SPARK_OK;
+}
+
+/* ---- report ---------------------------------------------------------------------- */
+
+typedef struct bench_result {
+    const bench_args *a;
+    const spark_model *m;
+    int threads;
+    double bw_gb_s, peak_gflop_s;
+    stats pp, tg;
+    double pp_gflop_s, pp_peak_pct;
+    double tg_bytes, tg_gb_s, floor_tok_s, floor_pct;
+} bench_result;
+
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (slash && slash[1]) return slash + 1;
+    return path;
+}
+
+static void print_json(const bench_result *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return;
+    cJSON_AddStringToObject(o, "model", base_name(r->a->model));
+    cJSON_AddStringToObject(o, "cpu", cpu_model_name());
+    cJSON_AddStringToObject(o, "isa", cpu_isa_name(cpu_isa_active()));
+    cJSON_AddNumberToObject(o, "threads", r->threads);
+    cJSON_AddNumberToObject(o, "weights_bytes", (double)r->m->weight_bytes);
+    cJSON_AddNumberToObject(o, "params", (double)total_params(r->m));
+    cJSON_AddNumberToObject(o, "reps", (double)r->a->reps);
+    cJSON_AddNumberToObject(o, "pp_tokens", (double)r->a->n_prompt);
+    cJSON_AddNumberToObject(o, "pp_tok_s", r->pp.mean);
+    cJSON_AddNumberToObject(o, "pp_tok_s_sd", r->pp.sd);
+    cJSON_AddNumberToObject(o, "pp_gflop_s", r->pp_gflop_s);
+    cJSON_AddNumberToObject(o, "fma_peak_gflop_s", r->peak_gflop_s);
+    cJSON_AddNumberToObject(o, "pp_peak_pct", r->pp_peak_pct);
+    cJSON_AddNumberToObject(o, "tg_tokens", (double)r->a->n_gen);
+    cJSON_AddNumberToObject(o, "tg_tok_s", r->tg.mean);
+    cJSON_AddNumberToObject(o, "tg_tok_s_sd", r->tg.sd);
+    cJSON_AddNumberToObject(o, "tg_bytes_per_token", r->tg_bytes);
+    cJSON_AddNumberToObject(o, "tg_gb_s", r->tg_gb_s);
+    cJSON_AddNumberToObject(o, "bandwidth_gb_s", r->bw_gb_s);
+    cJSON_AddNumberToObject(o, "floor_tok_s", r->floor_tok_s);
+    cJSON_AddNumberToObject(o, "floor_pct", r->floor_pct);
+    char *text = cJSON_PrintUnformatted(o);
+    if (text) puts(text);
+    free(text);
+    cJSON_Delete(o);
+}
+
+static void print_table(const bench_result *r)
+{
+    const bench_args *a = r->a;
+    char backend_name[64];
+    snprintf(backend_name, sizeof backend_name, "cpu %s", cpu_isa_name(cpu_isa_active()));
+    printf("cpu: %s (%s%s%s)\n\n", cpu_model_name(), cpu_isa_name(cpu_isa_active()),
+           *cpu_feature_string() ? ", " : "", cpu_feature_string());
+    printf("| %-28s | %10s | %8s | %-12s | %7s | %6s | %16s |\n", "model", "size", "params", "backend", "threads",
+           "test", "t/s");
+    printf("| %.28s | %.10s | %.8s | %.12s | %.7s | %.6s | %.16s |\n", "------------------------------",
+           "------------", "----------", "--------------", "---------", "--------", "------------------");
+    char size[32], params[32], test[16], rate[32];
+    snprintf(size, sizeof size, "%.2f GiB", (double)r->m->weight_bytes / (1024.0 * 1024 * 1024));
+    snprintf(params, sizeof params, "%.2f B", (double)total_params(r->m) / 1e9);
+    if (a->n_prompt > 0) {
+        snprintf(test, sizeof test, "pp%ld", a->n_prompt);
+        snprintf(rate, sizeof rate, "%.2f ± %.2f", r->pp.mean, r->pp.sd);
+        printf("| %-28.28s | %10s | %8s | %-12s | %7d | %6s | %16s |\n", base_name(a->model), size, params,
+               backend_name, r->threads, test, rate);
+    }
+    if (a->n_gen > 0) {
+        snprintf(test, sizeof test, "tg%ld", a->n_gen);
+        snprintf(rate, sizeof rate, "%.2f ± %.2f", r->tg.mean, r->tg.sd);
+        printf("| %-28.28s | %10s | %8s | %-12s | %7d | %6s | %16s |\n", base_name(a->model), size, params,
+               backend_name, r->threads, test, rate);
+    }
+    printf("\n");
+    if (!a->no_probe) printf("memory bandwidth (probe, %d threads): %.1f GB/s\n", r->threads, r->bw_gb_s);
+    if (a->n_gen > 0)
+        printf("decode: %.3f GB/token -> %.1f GB/s achieved; floor %.2f tok/s; %.1f%% of the floor\n",
+               r->tg_bytes / 1e9, r->tg_gb_s, r->floor_tok_s, r->floor_pct);
+    if (!a->no_probe) printf("FMA peak (probe, %d threads): %.1f GFLOP/s\n", r->threads, r->peak_gflop_s);
+    if (a->n_prompt > 0)
+        printf("prefill: %.1f GFLOP/s; %.1f%% of the FMA peak\n", r->pp_gflop_s, r->pp_peak_pct);
+}
+
+static void derive(bench_result *r)
+{
+    const bench_args *a = r->a;
+    if (a->n_prompt > 0) {
+        r->pp_gflop_s = prefill_flops(r->m, a->n_prompt) / r->pp.seconds / 1e9;
+        r->pp_peak_pct = r->peak_gflop_s > 0 ? 100.0 * r->pp_gflop_s / r->peak_gflop_s : 0;
+    }
+    if (a->n_gen > 0) {
+        double bytes = 0;
+        for (int64_t p = 0; p < a->n_gen; p++) bytes += decode_bytes(r->m, p);
+        r->tg_bytes = bytes / (double)a->n_gen;
+        r->tg_gb_s = r->tg_bytes * r->tg.mean / 1e9;
+        r->floor_tok_s = r->bw_gb_s > 0 ? r->bw_gb_s * 1e9 / r->tg_bytes : 0;
+        r->floor_pct = r->bw_gb_s > 0 ? 100.0 * r->tg_gb_s / r->bw_gb_s : 0;
+    }
+}
+
+static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r)
+{
+    if (!a->no_probe) {
+        fprintf(stderr, "spark bench: probing memory bandwidth and FMA peak...\n");
+        spark_status st = cpu_probe_bandwidth(r->threads, (size_t)a->probe_mb << 20, 5, &r->bw_gb_s);
+        if (st == SPARK_OK) st = cpu_probe_fma_peak(r->threads, 3, &r->peak_gflop_s);
+        if (st != SPARK_OK) return st;
+    }
+    spark_session_options o = spark_session_default_options();
+    int64_t ctx = a->n_prompt > a->n_gen ? a->n_prompt : a->n_gen;
+    o.n_ctx = (int32_t)(ctx + 1 < m->cfg.max_ctx ? ctx + 1 : m->cfg.max_ctx);
+    o.n_batch = a->n_prompt > 0 ? (int32_t)(a->n_prompt < 512 ? a->n_prompt : 512) : 1;
+    o.n_threads = r->threads;
+    spark_session *s = NULL;
+    int32_t *ids = malloc((size_t)(ctx + 1) * sizeof *ids);
+    float *logits = malloc((size_t)m->cfg.n_vocab * sizeof *logits);
+    double *sec = malloc((size_t)a->reps * sizeof *sec);
+    spark_status st = ids && logits && sec ? spark_session_create(m, &o, &s) : SPARK_ERR_NOMEM;
+    if (st == SPARK_OK) {
+        random_ids(ids, ctx + 1, m->cfg.n_vocab);
+        fprintf(stderr, "spark bench: warming up (first pass pages the weights in)...\n");
+        st = run_decode(s, ids, 1, logits, 1, sec);
+    }
+    if (st == SPARK_OK && a->n_prompt > 0) {
+        st = run_prefill(s, ids, (int)a->n_prompt, logits, (int)a->reps, sec);
+        r->pp = summarize(sec, (int)a->reps, a->n_prompt);
+    }
+    if (st == SPARK_OK && a->n_gen > 0) {
+        st = run_decode(s, ids, (int)a->n_gen, logits, (int)a->reps, sec);
+        r->tg = summarize(sec, (int)a->reps, a->n_gen);
+    }
+    spark_session_free(s);
+    free(ids);
+    free(logits);
+    free(sec);
+    return st;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    bench_args a = {.n_prompt = 512, .n_gen = 128, .reps = 1, .probe_mb = 1024};
+    if (!parse_bench_args(argc, argv, &a)) return EXIT_USAGE;
+    spark_model *m = NULL;
+    if (spark_model_load(a.model, &m) != SPARK_OK) return cli_report_error("bench");
+    bench_result r = {.a = &a, .m = m, .threads = a.threads > 0 ? (int)a.threads : cpu_physical_cores()};
+    if (run_all(m, &a, &r) != SPARK_OK) {
+        spark_model_free(m);
+        return cli_report_error("bench");
+    }
+    derive(&r);
+    if (a.json) print_json(&r);
+    else print_table(&r);
+    spark_model_free(m);
+    return 0;
+}

@@ -1,0 +1,529 @@
+/*
+ * test_kernels.c — every CPU kernel at every instruction-set level this
+ * machine runs (scalar, AVX2, AVX-512 / NEON), on random data with odd
+ * sizes, against float64 references built from weight_row_to_f32 (the
+ * reference dequantization).
+ *
+ * Budgets (documented in kernels.h): the kernels multiply the exact
+ * dequantized weights in float32, so a dot product of n terms may differ
+ * from the float64 value by a few n * 2^-24 * sum|w_i x_i| in the worst
+ * case; random signs make it ~sqrt(n) times smaller. We allow
+ * DOT_TOL * sum|w_i x_i| with DOT_TOL = 2e-6, far below what a wrong
+ * index, scale or nibble would give (>= 1e-2). Dequantization and rope are
+ * checked bit for bit; GELU's polynomial erf to 2e-7 absolute; exp to 1e-6
+ * relative. Matrix products and attention must be bit-identical for 1, 2
+ * and 3 threads (each output is computed by one thread in a fixed order).
+ */
+#include "check.h"
+
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/threadpool.h"
+#include "model/model.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#define DOT_TOL 2e-6
+
+/* ---- random data ------------------------------------------------------------- */
+
+static uint64_t rng = 88172645463325252ull;
+
+static uint64_t next_u64(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static float uniform(void) { return (float)((double)(next_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+static float gauss(void) { return (uniform() + uniform() + uniform() + uniform()) * 0.866f; }
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+/* A rows x cols matrix in `dt` with random contents (block scales kept in a
+ * sane range so products stay finite). Caller frees. */
+static uint8_t *random_matrix(spark_dtype dt, int64_t rows, int64_t cols, size_t *row_bytes)
+{
+    size_t rb = (size_t)dtype_row_bytes(dt, (uint64_t)cols);
+    uint8_t *m = malloc(rows * rb + 1);
+    *row_bytes = rb;
+    int be = dtype_block_elems(dt), bb = dtype_block_bytes(dt);
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *row = m + r * rb;
+        for (int64_t b = 0; b < cols / be; b++) {
+            uint8_t *blk = row + b * bb;
+            for (int i = 0; i < bb; i++) blk[i] = (uint8_t)next_u64();
+            switch (dt) {
+            case SPARK_DTYPE_F32: {
+                float f = gauss();
+                memcpy(blk, &f, 4);
+            } break;
+            case SPARK_DTYPE_F16: put16(blk, f32_to_f16(gauss())); break;
+            case SPARK_DTYPE_BF16: put16(blk, f32_to_bf16(gauss())); break;
+            case SPARK_DTYPE_Q8_0:
+            case SPARK_DTYPE_Q4_0: put16(blk, f32_to_f16(0.01f + 0.02f * uniform())); break;
+            case SPARK_DTYPE_Q4_K:
+                put16(blk, f32_to_f16(0.002f + 0.001f * uniform()));
+                put16(blk + 2, f32_to_f16(0.001f + 0.0005f * uniform()));
+                break;
+            case SPARK_DTYPE_Q6_K: put16(blk + 208, f32_to_f16(0.0005f + 0.0002f * uniform())); break;
+            default: break;
+            }
+        }
+    }
+    return m;
+}
+
+static float *random_floats(int64_t n)
+{
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = gauss();
+    return v;
+}
+
+/* ---- references ----------------------------------------------------------------- */
+
+static float *dequant_ref(spark_dtype dt, const uint8_t *m, int64_t rows, int64_t cols)
+{
+    weight_ref w = {.name = "test", .dtype = dt, .rows = rows, .cols = cols, .data = m};
+    float *out = malloc((size_t)(rows * cols) * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) weight_row_to_f32(&w, r, out + r * cols);
+    return out;
+}
+
+/* |got - sum w x| <= DOT_TOL * sum |w x| */
+static int dot_close(float got, const float *w, const float *x, int64_t n, double *worst)
+{
+    double s = 0, a = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += (double)w[i] * x[i];
+        a += fabs((double)w[i] * x[i]);
+    }
+    double err = fabs((double)got - s) / (a > 0 ? a : 1);
+    if (err > *worst) *worst = err;
+    return err <= DOT_TOL;
+}
+
+static const cpu_isa all_isas[] = {CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512, CPU_ISA_NEON};
+enum { N_ISAS = sizeof all_isas / sizeof all_isas[0] };
+
+static const spark_dtype all_dtypes[] = {SPARK_DTYPE_F32, SPARK_DTYPE_F16, SPARK_DTYPE_BF16, SPARK_DTYPE_Q8_0,
+                                         SPARK_DTYPE_Q4_0, SPARK_DTYPE_Q4_K, SPARK_DTYPE_Q6_K};
+enum { N_DTYPES = sizeof all_dtypes / sizeof all_dtypes[0] };
+
+/* Odd column counts per format: not multiples of any vector width where allowed. */
+static const int64_t *cols_for(spark_dtype dt, int *n)
+{
+    static const int64_t plain[] = {1, 7, 33, 100, 257, 1031};
+    static const int64_t q32[] = {32, 96, 160, 544};
+    static const int64_t q256[] = {256, 768, 1280};
+    if (dt == SPARK_DTYPE_F32 || dt == SPARK_DTYPE_F16 || dt == SPARK_DTYPE_BF16) {
+        *n = 6;
+        return plain;
+    }
+    if (dt == SPARK_DTYPE_Q8_0 || dt == SPARK_DTYPE_Q4_0) {
+        *n = 4;
+        return q32;
+    }
+    *n = 3;
+    return q256;
+}
+
+/* ---- kernels one by one ---------------------------------------------------------- */
+
+static void test_dequant_bit_exact(void)
+{
+    for (int li = 0; li < N_ISAS; li++) {
+        cpu_kernels k;
+        if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
+        for (int di = 0; di < N_DTYPES; di++) {
+            spark_dtype dt = all_dtypes[di];
+            int nc;
+            const int64_t *cols = cols_for(dt, &nc);
+            for (int ci = 0; ci < nc; ci++) {
+                int64_t rows = 5, c = cols[ci];
+                size_t rb;
+                uint8_t *m = random_matrix(dt, rows, c, &rb);
+                float *want = dequant_ref(dt, m, rows, c);
+                float *got = malloc((size_t)(rows * c) * sizeof(float));
+                k.dequant[dt](m, rb, rows, c, got);
+                CHECK_MSG(!memcmp(got, want, (size_t)(rows * c) * sizeof(float)), "%s %s cols %lld differ",
+                          cpu_isa_name(all_isas[li]), dtype_name(dt), (long long)c);
+                free(m);
+                free(want);
+                free(got);
+            }
+        }
+    }
+}
+
+/* gemv at every level, dtype, odd size, token count 1..4, with strides. */
+static void test_gemv_all_dtypes(void)
+{
+    static const int64_t row_counts[] = {1, 3, 13, 37};
+    for (int li = 0; li < N_ISAS; li++) {
+        cpu_kernels k;
+        if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
+        double worst = 0;
+        for (int di = 0; di < N_DTYPES; di++) {
+            spark_dtype dt = all_dtypes[di];
+            int nc;
+            const int64_t *cols = cols_for(dt, &nc);
+            for (int ci = 0; ci < nc; ci++)
+                for (int ri = 0; ri < 4; ri++) {
+                    int64_t rows = row_counts[ri], c = cols[ci], xs = c + 3, ys = rows + 2;
+                    size_t rb;
+                    uint8_t *m = random_matrix(dt, rows, c, &rb);
+                    float *wf = dequant_ref(dt, m, rows, c);
+                    float *x = random_floats(GEMV_MAX_TOKENS * xs);
+                    float *y = malloc((size_t)(GEMV_MAX_TOKENS * ys) * sizeof(float));
+                    for (int nt = 1; nt <= GEMV_MAX_TOKENS; nt++) {
+                        k.gemv[dt](m, rb, rows, c, x, xs, nt, y, ys);
+                        for (int t = 0; t < nt; t++)
+                            for (int64_t r = 0; r < rows; r++)
+                                CHECK_MSG(dot_close(y[t * ys + r], wf + r * c, x + t * xs, c, &worst),
+                                          "%s gemv %s rows %lld cols %lld nt %d: row %lld token %d off",
+                                          cpu_isa_name(all_isas[li]), dtype_name(dt), (long long)rows,
+                                          (long long)c, nt, (long long)r, t);
+                    }
+                    free(m);
+                    free(wf);
+                    free(x);
+                    free(y);
+                }
+        }
+        printf("  %s gemv: worst relative error %.2g\n", cpu_isa_name(all_isas[li]), worst);
+    }
+}
+
+static void test_gemm_tile(void)
+{
+    for (int li = 0; li < N_ISAS; li++) {
+        cpu_kernels k;
+        if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
+        double worst = 0;
+        int tw = k.gemm_tokens;
+        int64_t cols = 77, ldw = cols + 5;
+        int nr_max = k.gemm_rows * 2 + 5;
+        float *w = random_floats(nr_max * ldw);
+        float *x = random_floats(tw * cols), *xp = malloc((size_t)(tw * cols) * sizeof(float));
+        float *y = malloc((size_t)(tw * (nr_max + 1)) * sizeof(float));
+        float *xt = malloc((size_t)cols * sizeof(float));
+        for (int nt = 1; nt <= tw; nt += (nt < 3 ? 1 : tw / 2 - 1)) {
+            cpu_pack_tokens(xp, x, cols, nt, cols, tw);
+            for (int nr = 1; nr <= nr_max; nr += 3) {
+                k.gemm_tile(xp, w, ldw, nr, cols, y, nr + 1, nt);
+                for (int t = 0; t < nt; t++)
+                    for (int r = 0; r < nr; r++)
+                        CHECK_MSG(dot_close(y[t * (nr + 1) + r], w + r * ldw, x + t * cols, cols, &worst),
+                                  "%s gemm tile nr %d nt %d: (%d, %d) off", cpu_isa_name(all_isas[li]), nr, nt, t,
+                                  r);
+            }
+        }
+        free(w);
+        free(x);
+        free(xp);
+        free(y);
+        free(xt);
+    }
+}
+
+static void test_vector_helpers(void)
+{
+    enum { N = 1031 };
+    for (int li = 0; li < N_ISAS; li++) {
+        cpu_kernels k;
+        if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
+        const char *isa = cpu_isa_name(all_isas[li]);
+        float *a = random_floats(N), *b = random_floats(N), *y = malloc(N * sizeof(float));
+        double worst = 0;
+        for (int n = 0; n <= N; n += n < 40 ? 1 : 97) {
+            CHECK_MSG(dot_close(k.dot(a, b, n), a, b, n, &worst), "%s dot n %d", isa, n);
+            memcpy(y, b, N * sizeof(float));
+            k.axpy(y, 0.37f, a, n);
+            for (int i = 0; i < N; i++) {
+                double want = i < n ? (double)b[i] + 0.37 * a[i] : b[i];
+                CHECK_MSG(fabs(y[i] - want) <= 1e-6 * (fabs(want) + 1), "%s axpy n %d i %d", isa, n, i);
+            }
+            memcpy(y, b, N * sizeof(float));
+            k.add(y, a, n);
+            for (int i = 0; i < n; i++) CHECK_MSG(y[i] == b[i] + a[i], "%s add n %d i %d", isa, n, i);
+            memcpy(y, b, N * sizeof(float));
+            k.scale(y, -1.5f, n);
+            for (int i = 0; i < n; i++) CHECK_MSG(y[i] == b[i] * -1.5f, "%s scale n %d i %d", isa, n, i);
+        }
+        free(a);
+        free(b);
+        free(y);
+    }
+}
+
+static void test_gelu_against_erf(void)
+{
+    enum { N = 4001 };
+    float *a = malloc(N * sizeof(float)), *b = malloc(N * sizeof(float)), *x = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        x[i] = -12.0f + 24.0f * (float)i / (N - 1) + 1e-3f * uniform(); /* crosses 0, +-1, +-4 */
+        b[i] = i % 3 ? 1.0f : -0.5f;
+    }
+    for (int li = 0; li < N_ISAS; li++) {
+        cpu_kernels k;
+        if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
+        memcpy(a, x, N * sizeof(float));
+        k.gelu_mul(a, b, N - 3); /* odd length: the tail path too */
+        double worst = 0;
+        for (int i = 0; i < N - 3; i++) {
+            double want = 0.5 * x[i] * (1.0 + erf(x[i] / sqrt(2.0))) * b[i];
+            double err = fabs(a[i] - want) / (fabs(x[i] * b[i]) > 1 ? fabs(x[i] * b[i]) : 1);
+            if (err > worst) worst = err;
+        }
+        CHECK_MSG(worst < 4e-7, "%s gelu worst error %.3g", cpu_isa_name(all_isas[li]), worst);
+        for (int i = N - 3; i < N; i++) CHECK(a[i] == x[i]); /* untouched past n */
+    }
+    free(a);
+    free(b);
+    free(x);
+}
+
+static void test_exp_sum_and_axpy_rows(void)
+{
+    enum { N = 75, D = 200 };
+    for (int li = 0; li < N_ISAS; li++) {
+        cpu_kernels k;
+        if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
+        float s[N], orig[N];
+        for (int i = 0; i < N; i++) orig[i] = s[i] = 20.0f * uniform() - 5.0f;
+        float sum = k.exp_sum(s, 3.0f, N);
+        double want_sum = 0;
+        for (int i = 0; i < N; i++) {
+            double e = exp((double)(orig[i] - 3.0f)); /* the argument as the kernel rounds it */
+            want_sum += e;
+            CHECK_MSG(fabs(s[i] - e) <= 1e-6 * e + 1e-30, "%s exp %g: %g vs %g", cpu_isa_name(all_isas[li]),
+                      orig[i] - 3.0, s[i], e);
+        }
+        CHECK(fabs(sum - want_sum) <= 1e-5 * want_sum);
+        float *rows_data = random_floats(N * D), *y = random_floats(D), y0[D];
+        const float *rows[N];
+        memcpy(y0, y, sizeof y0);
+        for (int j = 0; j < N; j++) rows[j] = rows_data + j * D;
+        k.axpy_rows(y, s, rows, N, D - 3);
+        for (int i = 0; i < D; i++) {
+            double want = y0[i], mag = fabs(y0[i]);
+            for (int j = 0; i < D - 3 && j < N; j++) {
+                want += (double)s[j] * rows[j][i];
+                mag += fabs((double)s[j] * rows[j][i]);
+            }
+            CHECK_MSG(fabs(y[i] - want) <= DOT_TOL * mag + 1e-30, "%s axpy_rows dim %d", cpu_isa_name(all_isas[li]),
+                      i);
+        }
+        free(rows_data);
+        free(y);
+    }
+}
+
+static void test_rope_head_bit_exact(void)
+{
+    for (int li = 0; li < N_ISAS; li++) {
+        cpu_kernels k;
+        if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
+        for (int half = 1; half <= 130; half += 43) {
+            float *v = random_floats(2 * half), *w = malloc(2 * half * sizeof(float));
+            float *cs = random_floats(half), *sn = random_floats(half);
+            memcpy(w, v, 2 * half * sizeof(float));
+            k.rope_head(v, cs, sn, half);
+            cpu_kernels_scalar.rope_head(w, cs, sn, half);
+            CHECK_MSG(!memcmp(v, w, 2 * half * sizeof(float)), "%s rope half %d", cpu_isa_name(all_isas[li]), half);
+            free(v);
+            free(w);
+            free(cs);
+            free(sn);
+        }
+    }
+}
+
+/* ---- whole ops through the backend: every level, threads 1..3 ----------------- */
+
+static backend *backend_at(cpu_isa isa, int threads)
+{
+    setenv("SPARK_CPU", cpu_isa_name(isa), 1);
+    backend *be = NULL;
+    CHECK(backend_cpu_create(threads, &be) == SPARK_OK);
+    unsetenv("SPARK_CPU");
+    return be;
+}
+
+/* n = 3 takes the GEMV path, n = 8 and 45 the GEMM path (packing, panels). */
+static void test_matmul_paths_and_threads(void)
+{
+    static const int token_counts[] = {1, 3, 8, 45};
+    for (int li = 0; li < N_ISAS; li++) {
+        if (!cpu_isa_supported(all_isas[li])) continue;
+        for (int di = 0; di < N_DTYPES; di++) {
+            spark_dtype dt = all_dtypes[di];
+            int64_t rows = 301, cols = dtype_block_elems(dt) == 256 ? 512 : 160;
+            size_t rb;
+            uint8_t *m = random_matrix(dt, rows, cols, &rb);
+            float *wf = dequant_ref(dt, m, rows, cols);
+            weight_ref w = {.name = "w", .dtype = dt, .rows = rows, .cols = cols, .data = m};
+            float *x = random_floats(45 * cols);
+            float *y[3];
+            for (int ti = 0; ti < 4; ti++) {
+                int n = token_counts[ti];
+                double worst = 0;
+                for (int th = 1; th <= 3; th++) {
+                    backend *be = backend_at(all_isas[li], th);
+                    y[th - 1] = malloc((size_t)(n * rows) * sizeof(float));
+                    be->ops->matmul(be, y[th - 1], x, &w, n);
+                    be->ops->destroy(be);
+                }
+                for (int t = 0; t < n; t++)
+                    for (int64_t r = 0; r < rows; r++)
+                        CHECK_MSG(dot_close(y[0][t * rows + r], wf + r * cols, x + t * cols, cols, &worst),
+                                  "%s matmul %s n %d (%d, %lld)", cpu_isa_name(all_isas[li]), dtype_name(dt), n, t,
+                                  (long long)r);
+                CHECK_MSG(!memcmp(y[0], y[1], (size_t)(n * rows) * sizeof(float)) &&
+                              !memcmp(y[0], y[2], (size_t)(n * rows) * sizeof(float)),
+                          "%s matmul %s n %d: thread counts disagree", cpu_isa_name(all_isas[li]), dtype_name(dt),
+                          n);
+                for (int th = 0; th < 3; th++) free(y[th]);
+            }
+            free(m);
+            free(wf);
+            free(x);
+        }
+    }
+}
+
+/* Attention with a cache (pos0 > 0), GQA 4, window, odd head_dim: float64
+ * reference, and identical results for 1..3 threads. */
+static void test_attention_reference_and_threads(void)
+{
+    enum { H = 8, HK = 2, D = 36, PRIOR = 70, N = 9, WINDOW = 50, QKV = (H + 2 * HK) * D, KV = HK * D };
+    for (int window = 0; window <= WINDOW; window += WINDOW) {
+        int64_t slots = window ? window : PRIOR + N;
+        kv_layer cache = {.slots = slots, .window = window};
+        float *past = random_floats((int64_t)PRIOR * QKV); /* rows of tokens 0..PRIOR-1 */
+        float *qkv = random_floats((int64_t)N * QKV);
+        cache.k = calloc((size_t)(slots * KV), sizeof(float));
+        cache.v = calloc((size_t)(slots * KV), sizeof(float));
+        attn_shape sh = {.n_head = H, .n_head_kv = HK, .head_dim = D, .qkv_stride = QKV, .scale = 1.0f / 6};
+        for (int li = 0; li < N_ISAS; li++) {
+            if (!cpu_isa_supported(all_isas[li])) continue;
+            float *out[3];
+            for (int th = 1; th <= 3; th++) {
+                backend *be = backend_at(all_isas[li], th);
+                be->ops->kv_store(be, &cache, past, 0, PRIOR, &sh);
+                out[th - 1] = malloc((size_t)N * H * D * sizeof(float));
+                be->ops->attention(be, out[th - 1], qkv, &cache, PRIOR, N, &sh);
+                be->ops->destroy(be);
+            }
+            for (int t = 0; t < N; t++)
+                for (int h = 0; h < H; h++) {
+                    int64_t p = PRIOR + t, lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
+                    const float *q = qkv + t * QKV + h * D;
+                    double sc[PRIOR + N], mx = -1e300, sum = 0;
+                    for (int64_t j = lo; j <= p; j++) {
+                        const float *row = j < PRIOR ? past + j * QKV : qkv + (j - PRIOR) * QKV;
+                        double s = 0;
+                        for (int d = 0; d < D; d++) s += (double)q[d] * row[H * D + (h / (H / HK)) * D + d];
+                        sc[j] = s / 6;
+                        if (sc[j] > mx) mx = sc[j];
+                    }
+                    for (int64_t j = lo; j <= p; j++) sum += exp(sc[j] - mx);
+                    for (int d = 0; d < D; d++) {
+                        double o = 0;
+                        for (int64_t j = lo; j <= p; j++) {
+                            const float *row = j < PRIOR ? past + j * QKV : qkv + (j - PRIOR) * QKV;
+                            o += exp(sc[j] - mx) / sum * row[H * D + KV + (h / (H / HK)) * D + d];
+                        }
+                        float got = out[0][(t * H + h) * D + d];
+                        CHECK_MSG(fabs(got - o) <= 2e-6 * (1 + fabs(o)), "%s window %d t %d h %d d %d: %g vs %g",
+                                  cpu_isa_name(all_isas[li]), window, t, h, d, got, o);
+                    }
+                }
+            size_t bytes = (size_t)N * H * D * sizeof(float);
+            CHECK_MSG(!memcmp(out[0], out[1], bytes) && !memcmp(out[0], out[2], bytes),
+                      "%s attention: thread counts disagree", cpu_isa_name(all_isas[li]));
+            for (int th = 0; th < 3; th++) free(out[th]);
+        }
+        free(past);
+        free(qkv);
+        free(cache.k);
+        free(cache.v);
+    }
+}
+
+/* ---- the thread pool --------------------------------------------------------------- */
+
+typedef struct count_ctx {
+    _Atomic int calls;
+    _Atomic long sum;
+} count_ctx;
+
+static void count_task(void *arg, int ith, int nth)
+{
+    count_ctx *c = arg;
+    atomic_fetch_add(&c->calls, 1);
+    atomic_fetch_add(&c->sum, (long)ith * 1000 + nth);
+}
+
+static void test_thread_pool_runs_every_share_once(void)
+{
+    for (int size = 1; size <= 4; size++) {
+        thread_pool *p;
+        CHECK(pool_create(size, &p) == SPARK_OK);
+        CHECK(pool_size(p) == size);
+        for (int round = 0; round < 2000; round++) {
+            int nth = 1 + round % (size + 1); /* sometimes more than the pool: clamped */
+            int eff = nth > size ? size : nth;
+            count_ctx c = {0};
+            pool_run(p, count_task, &c, nth);
+            long want = 0;
+            for (int i = 0; i < eff; i++) want += (long)i * 1000 + eff;
+            if (atomic_load(&c.calls) != eff || atomic_load(&c.sum) != want) {
+                CHECK_MSG(0, "pool of %d, round %d, nth %d: %d calls", size, round, nth, atomic_load(&c.calls));
+                break;
+            }
+        }
+        pool_free(p);
+    }
+}
+
+static void test_physical_cores_and_split(void)
+{
+    CHECK(cpu_physical_cores() >= 1);
+    for (int nth = 1; nth <= 5; nth++) {
+        int64_t prev = 0;
+        for (int i = 0; i < nth; i++) {
+            int64_t lo, hi;
+            cpu_split(1000, 16, i, nth, &lo, &hi);
+            CHECK(lo == prev && lo % 16 == 0 && hi >= lo);
+            prev = hi;
+        }
+        CHECK(prev == 1000);
+    }
+}
+
+int main(void)
+{
+    printf("  CPU level here: %s\n", cpu_isa_name(cpu_isa_detect()));
+    RUN(test_dequant_bit_exact);
+    RUN(test_gemv_all_dtypes);
+    RUN(test_gemm_tile);
+    RUN(test_vector_helpers);
+    RUN(test_gelu_against_erf);
+    RUN(test_exp_sum_and_axpy_rows);
+    RUN(test_rope_head_bit_exact);
+    RUN(test_matmul_paths_and_threads);
+    RUN(test_attention_reference_and_threads);
+    RUN(test_thread_pool_runs_every_share_once);
+    RUN(test_physical_cores_and_split);
+    CHECK_EXIT();
+}
