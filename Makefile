@@ -32,12 +32,15 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 DEFAULT_MODEL ?= models/spark-tiny
 RUN_PROMPT    ?= And God said,
 
-.PHONY: all run test test-fast test-asan deps sysdeps pydeps clean
+.PHONY: all run test test-fast test-asan deps sysdeps pydeps browserdeps clean
 all: sysdeps $(BUILD)/spark $(TEST_BIN) $(EXAMPLES)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# the chat page is embedded with .incbin (src/server/page.c)
+$(BUILD)/obj/src/server/page.o: src/server/chat_page.html
 
 $(BUILD)/libspark.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -70,10 +73,18 @@ sysdeps:
 	fi
 
 pydeps:
-	@$(PYTHON) -c "import numpy, gguf, safetensors, tokenizers, pytest, jinja2, pexpect" 2>/dev/null || \
+	@$(PYTHON) -c "import numpy, gguf, safetensors, tokenizers, pytest, jinja2, pexpect, openai, playwright" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q -r tools/requirements.txt
 
-deps: sysdeps pydeps
+# headless Chromium for the chat page test (skipped without it): installed when root
+browserdeps:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing chromium with apt-get (chat page test)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	    echo "chromium could not be installed: the chat page test will be skipped"; \
+	fi
+
+deps: sysdeps pydeps browserdeps
 
 # ---- running --------------------------------------------------------------
 run: all

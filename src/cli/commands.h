@@ -11,6 +11,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_serve(int argc, char **argv); /* cmd_serve.c, server in src/server/ */
 /* ---- tokenizer commands (cmd_tokenize.c) ---- */
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);

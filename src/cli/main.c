@@ -15,6 +15,7 @@ typedef struct command {
 static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt (the main command)"},
     {"chat", cmd_chat, "an interactive conversation that keeps its KV cache between turns"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server with a chat page"}, /* issue 9 */
     {"inspect", cmd_inspect, "print a checkpoint's architecture, tensors and memory needs"},
     {"logits", cmd_logits, "write the raw logits for a list of token ids to a .npy file"},
     /* ---- tokenizer commands ---- */
