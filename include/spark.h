@@ -185,6 +185,77 @@ void spark_sampler_accept(spark_sampler *s, int32_t id);
 /* Forget the history; re-seed. */
 void spark_sampler_reset(spark_sampler *s, uint64_t seed);
 
+/* ---- instruments (src/engine/hooks.c) ----------------------------------
+ * The seed runtime's four per-layer hooks. Each is off by default and costs
+ * nothing then (one pointer test per layer). */
+
+/* Steering: a direction d applied to the residual stream h of one layer,
+ * after that layer's FFN residual add, with u = d/|d| and strength a:
+ *   ADD     h += a*d
+ *   ABLATE  h -= a*(h.u)u
+ *   CLAMP   h += (a - h.u)u          (the component along u becomes a)
+ *   RENORM  h' = h - (h.u)u; h = h' * |h|/|h'|   (a unused)               */
+typedef enum spark_steer_mode {
+    SPARK_STEER_ADD = 0,
+    SPARK_STEER_ABLATE,
+    SPARK_STEER_CLAMP,
+    SPARK_STEER_RENORM,
+    SPARK_STEER_MODE_COUNT
+} spark_steer_mode;
+
+/* Add one steering vector (n_embd floats, copied) at `layer`. Several may
+ * be added, also at one layer; they apply in the order added. */
+spark_status spark_session_add_steering(spark_session *session, int32_t layer, const float *direction,
+                                        spark_steer_mode mode, float strength);
+void spark_session_clear_steering(spark_session *session);
+
+/* Read steering directions: a llama.cpp control-vector GGUF (tensors
+ * `direction.N`, N = the 0-based layer after which it applies, as llama.cpp
+ * reads them) or a .npy float32/float64 array [n_layer, n_embd].
+ * *directions (n_layer * n_embd, malloc'd) and *present (n_layer flags,
+ * malloc'd) are the caller's to free. */
+spark_status spark_steering_load(const char *path, int32_t n_layer, int32_t n_embd, float **directions,
+                                 uint8_t **present);
+
+/* Residual capture: after each layer in [first_layer, last_layer] (after
+ * steering), the residual at either every position or one absolute
+ * position is copied out. Starting again clears what was captured. */
+spark_status spark_session_capture_start(spark_session *session, int32_t first_layer, int32_t last_layer,
+                                         int all_positions, int32_t position);
+void spark_session_capture_stop(spark_session *session);
+/* Captured rows: [n_positions][n_layers][n_embd] float32, positions in order. */
+int32_t spark_session_capture_count(const spark_session *session);
+const float *spark_session_capture_data(const spark_session *session);
+const int32_t *spark_session_capture_positions(const spark_session *session);
+
+/* FFN activation statistics over every token evaluated while on: per layer
+ * and neuron the summed magnitude |gelu(gate x) * up x|; per layer a
+ * 64-bucket histogram of log2 magnitudes (bucket b counts magnitudes in
+ * [2^(b-48), 2^(b-47)); b = 0 also takes smaller ones and exact zeros, 63
+ * larger ones); and the overlap of each token's top_k neurons (by
+ * magnitude) with the previous token's. Outputs are unchanged. */
+enum { SPARK_FFN_BUCKETS = 64, SPARK_FFN_BUCKET_MIN_EXP = -48 };
+typedef struct spark_ffn_stats {
+    int32_t n_layer, n_ff, top_k;
+    int64_t n_tokens;             /* tokens accumulated */
+    const double *mass;           /* [n_layer][n_ff] */
+    const uint64_t *histogram;    /* [n_layer][SPARK_FFN_BUCKETS] */
+    const double *overlap_sum;    /* [n_layer]: sum over token pairs of |topk(t) & topk(t-1)| / top_k */
+    int64_t n_pairs;              /* consecutive token pairs counted */
+} spark_ffn_stats;
+spark_status spark_session_ffn_stats_start(spark_session *session, int32_t top_k);
+const spark_ffn_stats *spark_session_ffn_stats(const spark_session *session); /* NULL when off */
+void spark_session_ffn_stats_stop(spark_session *session);
+
+/* Phase timing: wall time of each part of the forward pass. */
+typedef struct spark_phase_times {
+    double embed, attention, ffn, head; /* seconds, summed */
+    double hooks;                       /* steering / capture / statistics */
+    int64_t tokens, calls;
+} spark_phase_times;
+void spark_session_timing(spark_session *session, int on); /* on also resets the sums */
+spark_phase_times spark_session_phase_times(const spark_session *session);
+
 /* ---- tokenizer (src/tokenizer/) ------------------------------------- */
 
 /* Byte-level BPE (SPEC §5), independent of any model: load it from an HF

@@ -226,7 +226,7 @@ class Model:
         return self.rope_dims_full, self.theta_full
 
 
-def _layer_forward(m, L, h, pos, sliding, variant):
+def _layer_forward(m, L, h, pos, sliding, variant, record=None):
     n = h.shape[0]
     H, Hk, D = m.n_heads, m.n_kv_heads, m.head_dim
     x = rmsnorm(h, L.attn_norm, m.eps)
@@ -249,7 +249,10 @@ def _layer_forward(m, L, h, pos, sliding, variant):
         h = h + o.reshape(n, H * D) @ L.out.T
     x = rmsnorm(h, L.ffn_norm, m.eps)
     act = gelu_tanh if variant == "tanh_gelu" else gelu
-    return h + (act(x @ L.ffn_gate.T) * (x @ L.ffn_up.T)) @ L.ffn_down.T
+    a = act(x @ L.ffn_gate.T) * (x @ L.ffn_up.T)
+    if record is not None:
+        record.append(a)  # the gated FFN activation, for the statistics hook
+    return h + a @ L.ffn_down.T
 
 
 def _apply_steer(steer, i, h):
@@ -263,7 +266,7 @@ def _apply_steer(steer, i, h):
     return h
 
 
-def _run(m, ids, steer, variant, capture):
+def _run(m, ids, steer, variant, capture, record=None):
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -275,7 +278,7 @@ def _run(m, ids, steer, variant, capture):
     h = m.embedding[ids].astype(np.float64)  # no scaling, no norm
     states = []
     for i, L in enumerate(m.layers):
-        h = _layer_forward(m, L, h, pos, m.sliding[i], variant)
+        h = _layer_forward(m, L, h, pos, m.sliding[i], variant, record)
         h = _apply_steer(steer, i, h)  # steering acts after the FFN add
         if capture:
             states.append(h)
@@ -296,6 +299,13 @@ def hidden_states(model, ids, steer=None, variant=None):
     """[n, layers, hidden]: the residual after each layer's FFN add (after steering)."""
     _, states = _run(model, ids, steer, variant, capture=True)
     return np.stack(states, axis=1)
+
+
+def ffn_activations(model, ids, steer=None):
+    """[layers, n, ff]: gelu(gate x) * (up x) of every layer and position."""
+    record = []
+    _run(model, ids, steer, None, capture=False, record=record)
+    return np.stack(record, axis=0)
 
 
 # --------------------------------------------------------------------------

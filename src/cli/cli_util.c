@@ -80,32 +80,6 @@ int cli_parse_ids(const char *command, const char *text, int32_t **ids, int *n)
     return 1;
 }
 
-int npy_write_f32(const char *path, const float *data, const int64_t *shape, int ndim)
-{
-    char dict[256];
-    int len = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
-    size_t count = 1;
-    for (int i = 0; i < ndim; i++) {
-        len += snprintf(dict + len, sizeof dict - len, "%lld,%s", (long long)shape[i], i + 1 < ndim ? " " : "");
-        count *= (size_t)shape[i];
-    }
-    len += snprintf(dict + len, sizeof dict - len, "), }");
-    /* magic(6) + version(2) + header_len(2) + dict + padding + '\n' is a multiple of 64 */
-    int header = 10 + len + 1;
-    int pad = (64 - header % 64) % 64;
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    unsigned short hlen = (unsigned short)(len + pad + 1);
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xFF),
-                             (unsigned char)(hlen >> 8)};
-    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)len, f) == (size_t)len;
-    for (int i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
-    ok = ok && fputc('\n', f) != EOF;
-    ok = ok && fwrite(data, sizeof(float), count, f) == count; /* x86/ARM hosts are little-endian */
-    if (fclose(f) != 0) ok = 0;
-    return ok ? 0 : -1;
-}
-
 int cli_report_error(const char *command)
 {
     fprintf(stderr, "spark %s: %s\n", command, spark_last_error());

@@ -23,10 +23,6 @@ int cli_parse_float(const char *command, const char *flag, const char *text, dou
 /* "12,7,99" -> malloc'd ids; returns 0 (after printing) on a bad list. */
 int cli_parse_ids(const char *command, const char *text, int32_t **ids, int *n);
 
-/* Write a float32 C-order array of the given shape as NumPy .npy v1.0.
- * Returns 0 on success, -1 (errno set) on failure. */
-int npy_write_f32(const char *path, const float *data, const int64_t *shape, int ndim);
-
 /* Read a whole stream into a malloc'd NUL-terminated buffer (*len bytes);
  * NULL on a read error or out of memory. */
 char *cli_read_all(FILE *f, size_t *len);

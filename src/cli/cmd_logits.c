@@ -4,8 +4,10 @@
  */
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/hook_opts.h"
 
 #include "spark.h"
+#include "io/npy.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -29,15 +31,20 @@ typedef struct logits_args {
     const char *model, *out, *ids_text;
     int all, decode;
     long batch, ctx, threads;
+    hook_opts hooks;
 } logits_args;
 
 static int parse_logits_args(int argc, char **argv, logits_args *a)
 {
     static const char cmd[] = "logits";
+    hook_opts_init(&a->hooks);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *v;
+        int r = hook_opts_parse(&a->hooks, argc, argv, &i, cmd);
+        if (r < 0) return 0;
+        if (r > 0) continue;
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            fputs(logits_usage, stdout);
+            printf("%s%s", logits_usage, hook_opts_help);
             exit(0);
         } else if (!strcmp(arg, "--all")) {
             a->all = 1;
@@ -117,12 +124,13 @@ int cmd_logits(int argc, char **argv)
         fprintf(stderr, "spark logits: out of memory for %zu x %zu logits\n", rows, vocab);
         goto done;
     }
+    if ((rc = hook_opts_apply(&a.hooks, model, session, n - 1, "logits")) != 0) goto done;
+    rc = EXIT_RUNTIME;
     if (eval_ids(session, &a, ids, n, logits, vocab) != SPARK_OK) goto fail;
+    if ((rc = hook_opts_finish(&a.hooks, model, session, ids, n, "logits")) != 0) goto done;
+    rc = EXIT_RUNTIME;
     int64_t shape[2] = {(int64_t)rows, (int64_t)vocab};
-    if (npy_write_f32(a.out, logits, shape, 2) != 0) {
-        fprintf(stderr, "spark logits: cannot write %s: %s\n", a.out, strerror(errno));
-        goto done;
-    }
+    if (npy_write_f32(a.out, logits, shape, 2) != SPARK_OK) goto fail;
     rc = 0;
     goto done;
 fail:

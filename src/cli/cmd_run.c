@@ -5,6 +5,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/gen_opts.h"
+#include "cli/hook_opts.h"
 #include "cli/term.h"
 
 #include "tokenizer/tokenizer.h"
@@ -27,19 +28,22 @@ static const char run_usage[] =
 
 typedef struct run_args {
     gen_opts g;
+    hook_opts hooks;
     const char *prompt, *file;
 } run_args;
 
 static int parse_run_args(int argc, char **argv, run_args *a)
 {
     gen_opts_init(&a->g, 256);
+    hook_opts_init(&a->hooks);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         int r = gen_opts_parse(&a->g, argc, argv, &i, "run");
+        if (r == 0) r = hook_opts_parse(&a->hooks, argc, argv, &i, "run");
         if (r < 0) return 0;
         if (r > 0) continue;
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            printf("%s%s", run_usage, gen_opts_help);
+            printf("%s%s%s", run_usage, gen_opts_help, hook_opts_help);
             exit(0);
         } else if (!strcmp(arg, "-p") || !strcmp(arg, "--prompt")) {
             if (!(a->prompt = cli_flag_value(argc, argv, &i, "run"))) return 0;
@@ -145,7 +149,9 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "spark run: the prompt encodes to no tokens\n");
         rc = EXIT_RUNTIME;
     }
+    if (rc == 0) rc = hook_opts_apply(&a.hooks, env.model, env.session, (int32_t)ids.n - 1, "run");
     if (rc == 0) rc = term_generate(&env, &a.g, ids.ids, (int32_t)ids.n, "run", NULL);
+    if (rc == 0) rc = hook_opts_finish(&a.hooks, env.model, env.session, ids.ids, (int32_t)ids.n, "run");
     spark_token_buf_free(&ids);
     gen_env_close(&env);
     free(text);

@@ -16,12 +16,16 @@ static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt (the main command)"},
     {"chat", cmd_chat, "an interactive conversation that keeps its KV cache between turns"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server with a chat page"}, /* issue 9 */
+    {"steer-extract", cmd_steer_extract, "a steering direction from two prompt sets (difference of mean residuals)"},
     {"inspect", cmd_inspect, "print a checkpoint's architecture, tensors and memory needs"},
     {"logits", cmd_logits, "write the raw logits for a list of token ids to a .npy file"},
     /* ---- tokenizer commands ---- */
     {"tokenize", cmd_tokenize, "text to token ids (HF directory, tokenizer.json or GGUF)"},
     {"detokenize", cmd_detokenize, "token ids to text"},
     {"chat-template", cmd_chat_template, "render a conversation in the Spark chat format, with its ids"},
+    /* ---- performance commands ---- */
+    {"bench", cmd_bench, "prefill / decode throughput vs measured memory bandwidth and FMA peak"},
+    {"quantize", cmd_quantize, "write a checkpoint as GGUF with q8_0 / q4_k / q6_k / q4_0 / bf16 / f16 / f32 matrices"},
 };
 
 static void print_usage(FILE *to)

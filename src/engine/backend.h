@@ -74,6 +74,7 @@ typedef struct backend_ops {
 struct backend {
     const backend_ops *ops;
     int n_threads;
+    int device_memory; /* buffers are not host memory: the instruments (hooks.c) are unavailable */
 };
 
 /* The CPU backend (backend/cpu). n_threads <= 0: all cores. */

@@ -45,7 +45,7 @@ static void attention_block(spark_session *s, const layer_weights *L, int layer,
     be->add(s->be, a->x, a->proj, (int64_t)n * c->n_embd);
 }
 
-static void ffn_block(spark_session *s, const layer_weights *L, int n)
+static void ffn_block(spark_session *s, const layer_weights *L, int layer, int n)
 {
     const spark_model_config *c = &s->model->cfg;
     const backend_ops *be = s->be->ops;
@@ -55,6 +55,7 @@ static void ffn_block(spark_session *s, const layer_weights *L, int n)
     be->matmul(s->be, a->ff_a, a->xn, &L->ffn_gate, n);
     be->matmul(s->be, a->ff_b, a->xn, &L->ffn_up, n);
     be->gelu_mul(s->be, a->ff_a, a->ff_b, (int64_t)n * c->n_ff);
+    if (s->hooks.ffn) hooks_ffn_activation(s, a->ff_a, layer, n);
     be->matmul(s->be, a->proj, a->ff_a, &L->ffn_down, n);
     be->add(s->be, a->x, a->proj, (int64_t)n * c->n_embd);
 }
@@ -76,17 +77,37 @@ static void head(spark_session *s, int n, float *logits, int all_positions)
     }
 }
 
+/* Phase timing: adds the time since *mark to *sum and restarts the mark. */
+static void lap(spark_session *s, double *sum, double *mark)
+{
+    if (!s->hooks.timing) return;
+    double now = hooks_now();
+    *sum += now - *mark;
+    *mark = now;
+}
+
 spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *logits, int all_positions)
 {
     const spark_model *m = s->model;
+    spark_phase_times *t = &s->hooks.times;
+    double mark = s->hooks.timing ? hooks_now() : 0;
     ASSERT(n > 0 && n <= s->n_batch && s->pos + n <= s->n_ctx);
 
     s->be->ops->embed(s->be, s->s.x, &m->embedding, ids, n); /* no scale, no norm */
+    lap(s, &t->embed, &mark);
     for (int i = 0; i < m->cfg.n_layer; i++) {
         attention_block(s, &m->layers[i], i, n);
-        ffn_block(s, &m->layers[i], n);
+        lap(s, &t->attention, &mark);
+        ffn_block(s, &m->layers[i], i, n);
+        lap(s, &t->ffn, &mark);
+        /* the layer's whole contribution is in: steering first, then capture */
+        if (hooks_any_layer_hook(&s->hooks)) hooks_after_layer(s, s->s.x, i, n, s->pos);
+        lap(s, &t->hooks, &mark);
     }
     if (logits) head(s, n, logits, all_positions);
+    lap(s, &t->head, &mark);
+    t->tokens += n;
+    t->calls++;
     s->pos += n;
     return SPARK_OK;
 }

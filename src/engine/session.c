@@ -128,6 +128,7 @@ void spark_session_free(spark_session *s)
         }
         s->be->ops->destroy(s->be);
     }
+    hooks_free(&s->hooks);
     free(s->kv);
     free(s->tokens);
     free(s->logits);

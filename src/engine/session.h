@@ -6,6 +6,7 @@
 #define SPARK_ENGINE_SESSION_H
 
 #include "engine/backend.h"
+#include "engine/hooks.h"
 
 enum { HEAD_ROWS = 32 }; /* logits are computed this many rows at a time */
 
@@ -29,6 +30,7 @@ struct spark_session {
     int64_t pos;          /* tokens in the cache */
     int32_t *tokens;      /* (n_ctx) the ids at positions 0..pos-1, for rewind */
     float *logits;        /* (n_vocab) scratch for spark_generate */
+    hooks hooks;          /* instruments, all off by default */
     spark_progress_callback progress;
     void *progress_user;
     kv_layer *kv;         /* (n_layer) */
