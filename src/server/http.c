@@ -39,7 +39,6 @@ typedef struct request {
     int too_large;
     size_t discarded;
     job *job; /* the connection's reference to its generation */
-    double t_start;
 } request;
 
 typedef struct stream_ctx {
@@ -337,7 +336,6 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     if (!r) {
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         r->srv = srv;
-        r->t_start = mono_now();
         *con_cls = r;
         classify(r, conn, url, method);
         return MHD_YES;
@@ -351,31 +349,20 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     return respond(r, conn, url, method);
 }
 
-static void log_generation(const request *r, enum MHD_RequestTerminationCode toe)
-{
-    const job *j = r->job;
-    static const char *const reasons[] = {"length", "eos", "stop", "context", "cancelled"};
-    const spark_generate_result *g = &j->result;
-    double tps = g->generate_seconds > 0 ? g->n_generated / g->generate_seconds : 0;
-    fprintf(stderr, "spark serve: %s %s: prompt %zu (cached %d) + %d tokens, %.1f tok/s, %s, %.2f s%s\n", j->id,
-            j->stream ? "stream" : "json", j->prompt.n, (int)j->n_cached, (int)g->n_generated, tps,
-            g->finish < SPARK_FINISH_REASON_COUNT ? reasons[g->finish] : "?", mono_now() - r->t_start,
-            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (client gone)");
-}
-
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     server *srv = cls;
     request *r = *con_cls;
-    (void)conn;
     if (!r) return;
     if (r->job) {
         pthread_mutex_lock(&r->job->lock);
         int done = r->job->done;
         pthread_mutex_unlock(&r->job->lock);
         if (!done) sched_abandon(srv->sched, r->job); /* the connection ended first */
-        else log_generation(r, toe);
         job_unref(r->job);
+        /* generation turned the idle timeout off; the connection may live on */
+        if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+            MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S);
     }
     sbuf_free(&r->body);
     free(r);
@@ -385,6 +372,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
+    /* our own content reader ends a stream this way when its client hung
+     * up; run.c already logs that generation as cancelled */
+    if (!strncmp(fmt, "Closing connection (application error", 38)) return;
     fputs("spark serve: http: ", stderr);
     vfprintf(stderr, fmt, ap);
 }

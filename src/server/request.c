@@ -398,6 +398,7 @@ job *request_parse(server *srv, job_kind kind, const char *body, size_t len, api
     }
     j->kind = kind;
     j->created = unix_now();
+    j->t_submit = mono_now();
     snprintf(j->id, sizeof j->id, "%s", kind == JOB_CHAT ? "chatcmpl-" : "cmpl-");
     random_id(j->id + strlen(j->id), 24);
     int ok = cJSON_IsObject(root) ? 1 : fail(e, 400, NULL, "invalid_type", "the request body must be a JSON object");

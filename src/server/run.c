@@ -28,11 +28,24 @@ static int32_t reuse_prefix(spark_session *session, const spark_token_buf *promp
     return k;
 }
 
+/* One line per generation on stderr: the server's access log. */
+static void log_job(const job *j)
+{
+    static const char *const reasons[SPARK_FINISH_REASON_COUNT] = {"length", "eos", "stop", "context",
+                                                                   "cancelled (client gone)"};
+    const spark_generate_result *g = &j->result;
+    double tps = g->generate_seconds > 0 ? g->n_generated / g->generate_seconds : 0;
+    fprintf(stderr, "spark serve: %s %s: prompt %zu (%d cached) + %d tokens, %.1f tok/s, %s, %.2f s\n", j->id,
+            j->stream ? "stream" : "json", j->prompt.n, (int)j->n_cached, (int)g->n_generated, tps,
+            g->finish < SPARK_FINISH_REASON_COUNT ? reasons[g->finish] : "?", mono_now() - j->t_submit);
+}
+
 void run_job(server *srv, spark_session *session, job *j)
 {
     if (j->cancel) {
         metrics_cancelled(srv->metrics);
         job_finish(j, 499, "the client closed the connection");
+        fprintf(stderr, "spark serve: %s: cancelled before it started (client gone)\n", j->id);
         return;
     }
     j->n_cached = reuse_prefix(session, &j->prompt);
@@ -61,4 +74,5 @@ void run_job(server *srv, spark_session *session, job *j)
     if (j->result.finish == SPARK_FINISH_CANCELLED) metrics_cancelled(srv->metrics);
     metrics_generation(srv->metrics, j);
     output_end(j, st);
+    log_job(j);
 }

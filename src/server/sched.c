@@ -174,6 +174,8 @@ void sched_abandon(sched *s, job *j)
     int removed = queue_remove(s, j);
     pthread_mutex_unlock(&s->lock);
     if (removed) {
+        fprintf(stderr, "spark serve: %s: dropped from the queue (client gone)\n", j->id);
+        metrics_cancelled(s->srv->metrics);
         job_finish(j, 499, "the client closed the connection");
         job_unref(j); /* the queue's reference */
     }

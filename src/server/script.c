@@ -7,7 +7,8 @@
  * (separated by lines of just "%%", handed out in turn) instead of sampling:
  * the prompt is still evaluated and each replayed token is still evaluated
  * into the session, so the cache, prefix reuse, streaming, cancelling and
- * usage counts behave as in a real generation. Stop strings are not applied.
+ * usage counts behave as in a real generation. Stop ids end the reply as
+ * the model's EOS would; stop strings are not applied.
  */
 #include "server/server.h"
 
@@ -82,6 +83,13 @@ void script_free(srv_script *s)
     free(s);
 }
 
+static int is_stop_id(const spark_generate_params *p, int32_t id)
+{
+    for (int32_t i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] == id) return 1;
+    return 0;
+}
+
 /* Replay ids through the detokenizer to the callback, evaluating each. */
 static spark_status replay(spark_session *session, const spark_tokenizer *tok, const spark_token_buf *ids,
                            const spark_generate_params *p, spark_generate_result *r)
@@ -98,6 +106,7 @@ static spark_status replay(spark_session *session, const spark_tokenizer *tok, c
         const char *text;
         size_t len;
         r->n_generated++;
+        if (is_stop_id(p, ids->ids[i])) break; /* like the model's EOS: not shown */
         st = spark_detokenizer_push(dt, ids->ids[i], &text, &len);
         if (st == SPARK_OK && p->on_token && p->on_token(p->user, ids->ids[i], text, len)) {
             r->finish = SPARK_FINISH_CANCELLED;

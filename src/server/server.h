@@ -99,6 +99,7 @@ typedef struct job {
     int stream, include_usage, thinking;
     char id[48];
     int64_t created;
+    double t_submit; /* mono_now() when parsed, for the log */
     const char *model_id;
     spark_token_buf prompt;
     spark_sampler *sampler; /* owned */
@@ -174,7 +175,7 @@ int script_load(const char *path, srv_script **out);
 void script_free(srv_script *s);
 /* Like spark_generate, but the generated ids are the next reply's tokens
  * (special-token text such as </think> or <tool_call> parsed). Stop strings
- * are not applied; max_tokens, cancel and the context limit are. */
+ * are not applied; stop ids, max_tokens, cancel and the context limit are. */
 spark_status script_generate(srv_script *s, spark_session *session, const spark_tokenizer *tok,
                              const int32_t *prompt, int32_t n_prompt, const spark_generate_params *p,
                              spark_generate_result *r);

@@ -207,6 +207,33 @@ def test_disconnect_cancels_generation(server, client, model_id):
     assert chat(client, model_id, max_tokens=2).usage.completion_tokens == 2
 
 
+def test_disconnect_cancels_a_non_streamed_request(server, model_id):
+    before = server.metrics()["spark_requests_cancelled_total"]
+    conn = server.send("POST", "/v1/chat/completions",
+                       {"model": model_id, "messages": HELLO, "max_tokens": 1500, "seed": 2})
+    deadline = time.time() + 10
+    while server.health()["sessions_active"] == 0:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    conn.close()
+    server.wait_idle(timeout=10)
+    assert server.metrics()["spark_requests_cancelled_total"] == before + 1
+
+
+def test_every_token_banned(server, model_id, model):
+    """A bias that bans the whole vocabulary: 400 when not streamed; in a
+    stream (already 200) an error event, then [DONE]."""
+    n_vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    body = {"model": model_id, "messages": HELLO, "max_tokens": 4,
+            "logit_bias": {str(i): -100 for i in range(n_vocab)}}
+    status, _, text = server.http("POST", "/v1/chat/completions", body)
+    assert status == 400 and "banned" in json.loads(text)["error"]["message"]
+    status, headers, text = server.http("POST", "/v1/chat/completions", dict(body, stream=True))
+    assert status == 200 and headers["content-type"] == "text/event-stream"
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "banned" in json.loads(events[-2])["error"]["message"]
+
+
 def test_queue_full_is_503(model):
     srv = Server(model, "--parallel", 1, "--queue", 1)
     try:
