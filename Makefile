@@ -14,7 +14,7 @@ BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
 CFLAGS  += -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation \
-           -Iinclude -Isrc -fopenmp -MMD -MP $(SAN)
+           -Iinclude -Isrc -fopenmp -MMD -MP $(SAN) $(EXTRA_CFLAGS)
 LDLIBS  += -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread
 LDFLAGS += -fopenmp $(SAN)
 
@@ -29,10 +29,10 @@ TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
-DEFAULT_MODEL ?= models/spark-tiny
 RUN_PROMPT    ?= And God said,
+RUN_FLAGS     ?= -n 96 --seed 7
 
-.PHONY: all run test test-fast test-asan deps sysdeps pydeps browserdeps clean
+.PHONY: all run test test-fast test-asan deps sysdeps pydeps browserdeps clean gate-teeth
 all: sysdeps $(BUILD)/spark $(TEST_BIN) $(EXAMPLES)
 
 $(BUILD)/obj/%.o: %.c
@@ -87,8 +87,9 @@ browserdeps:
 deps: sysdeps pydeps browserdeps
 
 # ---- running --------------------------------------------------------------
+# spark run without -m uses the embedded default, models/spark-tiny
 run: all
-	$(BUILD)/spark run -m $(DEFAULT_MODEL) -p "$(RUN_PROMPT)" -n 64
+	$(BUILD)/spark run -p "$(RUN_PROMPT)" $(RUN_FLAGS)
 
 # ---- tests ----------------------------------------------------------------
 # The suite runs twice: optimised, then under AddressSanitizer + UBSan.
@@ -100,6 +101,14 @@ test: deps
 
 test-fast: deps all
 	$(PYTHON) tests/run.py --build build
+
+# The quality gate's teeth: build the deliberately broken variants of the
+# forward pass (src/engine/mutants.h) and report how far each moves
+# spark-tiny's held-out perplexity and greedy text (bench/GATE_TEETH.md).
+gate-teeth: all
+	@for n in 1 2 3 4; do $(MAKE) --no-print-directory BUILD=build-mutant-$$n EXTRA_CFLAGS=-DSPARK_MUTANT=$$n \
+	    build-mutant-$$n/spark >/dev/null || exit 1; done
+	$(PYTHON) tools/gate_teeth.py --build $(BUILD) --out bench/GATE_TEETH.md
 
 clean:
 	rm -rf build build-asan

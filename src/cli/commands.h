@@ -13,6 +13,7 @@ int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv); /* cmd_serve.c, server in src/server/ */
 int cmd_steer_extract(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 /* ---- tokenizer commands (cmd_tokenize.c) ---- */
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);

@@ -16,6 +16,7 @@ static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt (the main command)"},
     {"chat", cmd_chat, "an interactive conversation that keeps its KV cache between turns"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server with a chat page"}, /* issue 9 */
+    {"perplexity", cmd_perplexity, "teacher-forced perplexity of a text file"},
     {"steer-extract", cmd_steer_extract, "a steering direction from two prompt sets (difference of mean residuals)"},
     {"inspect", cmd_inspect, "print a checkpoint's architecture, tensors and memory needs"},
     {"logits", cmd_logits, "write the raw logits for a list of token ids to a .npy file"},

@@ -13,11 +13,12 @@
 #include "engine/session.h"
 
 #include "base/error.h"
+#include "engine/mutants.h"
 
 const rope_class *rope_for_layer(const spark_session *s, int layer)
 {
     /* full layers: partial rope at the long theta; sliding: whole head at 1e4 */
-    return &s->rope[s->model->cfg.layer_kind[layer]];
+    return &s->rope[MUTANT_ROPE_CLASS(s->model->cfg.layer_kind[layer])];
 }
 
 static void attention_block(spark_session *s, const layer_weights *L, int layer, int n)
@@ -40,8 +41,13 @@ static void attention_block(spark_session *s, const layer_weights *L, int layer,
     be->attention(s->be, a->attn, a->qkv, kv, s->pos, n, sh);
     be->kv_store(s->be, kv, a->qkv, s->pos, n, sh);
 
+#if SPARK_MUTANT == 2
+    be->matmul(s->be, a->proj, a->attn, &L->out, n);
+    mutant_gate_after_out(a->proj, a->gate, n, c->n_head, c->n_embd);
+#else
     be->gate_heads(s->be, a->attn, a->gate, n, c->n_head, c->head_dim); /* before out_proj */
     be->matmul(s->be, a->proj, a->attn, &L->out, n);
+#endif
     be->add(s->be, a->x, a->proj, (int64_t)n * c->n_embd);
 }
 
@@ -54,7 +60,11 @@ static void ffn_block(spark_session *s, const layer_weights *L, int layer, int n
     be->rmsnorm(s->be, a->xn, a->x, L->ffn_norm, n, c->n_embd, c->rms_eps);
     be->matmul(s->be, a->ff_a, a->xn, &L->ffn_gate, n);
     be->matmul(s->be, a->ff_b, a->xn, &L->ffn_up, n);
+#if SPARK_MUTANT == 4
+    mutant_tanh_gelu_mul(a->ff_a, a->ff_b, (int64_t)n * c->n_ff);
+#else
     be->gelu_mul(s->be, a->ff_a, a->ff_b, (int64_t)n * c->n_ff);
+#endif
     if (s->hooks.ffn) hooks_ffn_activation(s, a->ff_a, layer, n);
     be->matmul(s->be, a->proj, a->ff_a, &L->ffn_down, n);
     be->add(s->be, a->x, a->proj, (int64_t)n * c->n_embd);

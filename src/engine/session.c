@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/mem.h"
+#include "engine/mutants.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,8 +39,9 @@ static spark_status alloc_kv(spark_session *s)
     for (int i = 0; i < c->n_layer; i++) {
         kv_layer *L = &s->kv[i];
         int sliding = c->layer_kind[i] == SPARK_LAYER_SLIDING;
-        L->window = sliding ? c->sliding_window : 0;
-        L->slots = sliding && c->sliding_window < s->n_ctx ? c->sliding_window : s->n_ctx;
+        int32_t window = c->sliding_window + MUTANT_WINDOW_EXTRA;
+        L->window = sliding ? window : 0;
+        L->slots = sliding && window < s->n_ctx ? window : s->n_ctx;
         TRY(alloc_floats(s, L->slots * row, &L->k));
         TRY(alloc_floats(s, L->slots * row, &L->v));
     }

@@ -126,6 +126,30 @@ static void test_rope_per_layer_class(void)
     spark_session_free(s);
 }
 
+/* The FFN activation is the exact erf GELU: the tanh approximation differs
+ * by up to ~5e-4 (near |x| = 2), far outside this tolerance. */
+static void test_gelu_is_erf_not_tanh(void)
+{
+    backend *be;
+    CHECK(backend_cpu_create(1, &be) == SPARK_OK);
+    enum { N = 801 };
+    float a[N], b[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = -8.0f + 0.02f * i;
+        b[i] = 1.0f;
+    }
+    be->ops->gelu_mul(be, a, b, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double x = -8.0 + 0.02 * (float)i, x32 = (float)x;
+        double want = 0.5 * x32 * (1 + erf(x32 / sqrt(2.0)));
+        double err = fabs(a[i] - want);
+        worst = err > worst ? err : worst;
+    }
+    CHECK_MSG(worst < 2e-6, "gelu max error %g", worst);
+    be->ops->destroy(be);
+}
+
 int main(void)
 {
     RUN(test_window_predicate_decode);
@@ -133,5 +157,6 @@ int main(void)
     RUN(test_full_layer_sees_everything);
     RUN(test_rope_formula);
     RUN(test_rope_per_layer_class);
+    RUN(test_gelu_is_erf_not_tanh);
     CHECK_EXIT();
 }
