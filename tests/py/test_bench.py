@@ -1,0 +1,55 @@
+"""`spark bench`: the --json schema and the table, on a tiny model with tiny
+runs (the numbers themselves are not asserted: the machine is shared)."""
+import json
+
+import pytest
+
+import mkmodel
+from sparktest import run_spark
+
+KEYS = {"pp_tok_s", "tg_tok_s", "threads", "weights_bytes", "bandwidth_gb_s", "floor_pct", "pp_gflop_s",
+        "fma_peak_gflop_s", "pp_peak_pct", "tg_gb_s", "floor_tok_s", "tg_bytes_per_token", "model", "cpu", "isa",
+        "params", "pp_tokens", "tg_tokens", "reps"}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    mkmodel.make_model(str(root / "hf"), hidden=64, ff=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=256,
+                       window=8, dtype="bf16", gguf=str(root / "tiny.gguf"))
+    return root / "tiny.gguf"
+
+
+def test_json_schema(model):
+    proc = run_spark(["bench", model, "-p", "16", "-n", "4", "-t", "2", "-r", "2", "--probe-mb", "8", "--json"])
+    out = json.loads(proc.stdout)
+    assert KEYS <= set(out), KEYS - set(out)
+    assert out["threads"] == 2 and out["pp_tokens"] == 16 and out["tg_tokens"] == 4 and out["reps"] == 2
+    assert out["model"] == "tiny.gguf" and out["isa"] in ("scalar", "avx2", "avx512", "neon")
+    for k in ("pp_tok_s", "tg_tok_s", "bandwidth_gb_s", "fma_peak_gflop_s", "pp_gflop_s", "tg_gb_s", "floor_pct",
+              "pp_peak_pct", "floor_tok_s"):
+        assert isinstance(out[k], (int, float)) and out[k] > 0, k
+    # weights of the model: bf16 matrices + f32 norms, as the loader counts them
+    assert out["weights_bytes"] > 2 * 256 * 64
+    assert out["tg_bytes_per_token"] >= out["weights_bytes"]
+    assert out["tg_gb_s"] == pytest.approx(out["tg_bytes_per_token"] * out["tg_tok_s"] / 1e9, rel=1e-3)
+    assert out["floor_pct"] == pytest.approx(100 * out["tg_gb_s"] / out["bandwidth_gb_s"], rel=1e-3)
+
+
+def test_skipping_tests_and_probes(model):
+    out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "3", "--no-probe", "--json"]).stdout)
+    assert out["pp_tok_s"] == 0 and out["tg_tok_s"] > 0
+    assert out["bandwidth_gb_s"] == 0 and out["floor_pct"] == 0
+
+
+def test_table(model):
+    text = run_spark(["bench", model, "-p", "8", "-n", "2", "--probe-mb", "8"]).stdout
+    assert "| model" in text and "pp8" in text and "tg2" in text
+    assert "GB/s" in text and "% of the floor" in text and "GFLOP/s" in text
+
+
+def test_usage_errors(model):
+    run_spark(["bench"], expect_rc=2)
+    run_spark(["bench", model, "-p", "x"], expect_rc=2)
+    run_spark(["bench", model, "--frobnicate"], expect_rc=2)
+    run_spark(["bench", model.parent / "missing.gguf", "--no-probe"], expect_rc=1)
