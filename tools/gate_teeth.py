@@ -20,8 +20,9 @@ MUTANTS = {0: "correct", 1: "rope_swap", 2: "gate_after_out", 3: "window_off_by_
 DIRECT_TESTS = {
     1: "tests/c/test_engine.c test_rope_per_layer_class; tests/py/test_forward.py test_rope_class_swap_must_matter",
     2: "tests/py/test_forward.py (logits vs tools/ref.py on synthetic models)",
-    3: "tests/c/test_engine.c test_window_predicate_decode / _chunks",
-    4: "tests/c/test_engine.c test_gelu_is_erf_not_tanh",
+    3: "tests/c/test_engine.c test_rope_per_layer_class (ring = window slots) and the window predicate tests; "
+       "tests/py/test_forward.py (10 of 18 fail)",
+    4: "tests/py/test_forward.py (10 of 18 fail); tests/c/test_engine.c test_gelu_is_erf_not_tanh (the kernel)",
 }
 
 
