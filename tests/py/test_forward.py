@@ -148,3 +148,21 @@ def test_inspect_reports_the_config(models):
         assert info["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
     text = run_spark(["inspect", m.hf]).stdout
     assert "SSSFSSSF" in text and "KV cache" in text
+
+
+def test_sharded_and_alias_names_load_identically(models, tmp_path_factory, tmp_path):
+    """The same seeded weights written as 3 shards with the alias names
+    (model.embed_tokens, o_proj) give bit-identical logits."""
+    shape = dict(SHAPES["gqa4_w8"])
+    shape.pop("prompt")
+    d = tmp_path_factory.mktemp("shards") / "m"
+    mkmodel.make_model(str(d), shards=3, alias=True, **shape)
+    assert (d / "model.safetensors.index.json").exists()
+    m = models["gqa4_w8"]
+    assert np.array_equal(m.spark(tmp_path, "--all", model=d), m.spark(tmp_path, "--all"))
+
+
+def test_untied_head_is_used(tmp_path_factory, tmp_path):
+    shape = dict(SHAPES["mha_w16"], untied=True)
+    m = Built(tmp_path_factory.mktemp("untied"), "untied", **shape)
+    check_positions(m.spark(tmp_path, "--all"), m.ref_logits)
