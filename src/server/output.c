@@ -147,6 +147,7 @@ int output_token(void *user, int32_t id, const char *text, size_t len)
     if (!len) return 0;
     if (j->kind == JOB_CHAT) {
         spark_chat_parser_feed(j->parser, text, len);
+        j->parser_fed = 1;
         drain(j);
     } else if (j->stream) {
         publish_choice(j, NULL, text, len, NULL);
@@ -180,24 +181,30 @@ static int error_status(spark_status st)
     return st == SPARK_ERR_ARG || st == SPARK_ERR_CONTEXT ? 400 : 500;
 }
 
+void output_fail(job *j, int status, const char *msg)
+{
+    if (j->stream) {
+        /* the 200 and the stream's first events are out: the error goes in-band */
+        char *e = output_error_json(msg, status < 500 ? "invalid_request_error" : "server_error", NULL, NULL);
+        sbuf b = {0};
+        if (e && !sbuf_adds(&b, "data: ") && !sbuf_adds(&b, e) && !sbuf_adds(&b, "\n\ndata: [DONE]\n\n"))
+            job_publish(j, b.p, b.n);
+        sbuf_free(&b);
+        free(e);
+    }
+    job_finish(j, status, msg);
+}
+
 void output_end(job *j, spark_status st)
 {
-    if (j->parser) {
+    /* a parser never fed holds nothing back; finishing it anyway trips
+     * UBSan in the parser (memmem on its NULL buffer) */
+    if (j->parser && j->parser_fed) {
         spark_chat_parser_finish(j->parser);
         drain(j);
     }
     if (st != SPARK_OK) {
-        int status = error_status(st);
-        const char *msg = spark_last_error();
-        if (j->stream) {
-            char *e = output_error_json(msg, status == 400 ? "invalid_request_error" : "server_error", NULL, NULL);
-            sbuf b = {0};
-            if (e && !sbuf_adds(&b, "data: ") && !sbuf_adds(&b, e) && !sbuf_adds(&b, "\n\ndata: [DONE]\n\n"))
-                job_publish(j, b.p, b.n);
-            sbuf_free(&b);
-            free(e);
-        }
-        job_finish(j, status, msg);
+        output_fail(j, error_status(st), spark_last_error());
         return;
     }
     if (j->stream) {

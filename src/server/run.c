@@ -51,7 +51,7 @@ void run_job(server *srv, spark_session *session, job *j)
     j->n_cached = reuse_prefix(session, &j->prompt);
     for (int32_t i = 0; i < j->n_cached; i++) spark_sampler_accept(j->sampler, j->prompt.ids[i]);
     if (output_begin(j) != 0) {
-        job_finish(j, 500, "out of memory starting the reply");
+        output_fail(j, 500, "out of memory starting the reply");
         return;
     }
     spark_generate_params gp = {.max_tokens = j->max_tokens,

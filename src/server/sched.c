@@ -196,7 +196,7 @@ void sched_stop(sched *s)
     pthread_mutex_unlock(&s->lock);
     for (int i = 0; i < n_waiting; i++) {
         waiting[i]->cancel = 1;
-        job_finish(waiting[i], 503, "the server is shutting down");
+        output_fail(waiting[i], 503, "the server is shutting down");
         job_unref(waiting[i]);
     }
     for (int i = 0; i < s->n_slots; i++) {

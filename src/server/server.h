@@ -112,6 +112,7 @@ typedef struct job {
 
     /* worker */
     spark_chat_parser *parser;
+    int parser_fed; /* text was fed to the parser */
     sbuf content, reasoning;
     tool_call_out *calls;
     int n_calls, cap_calls;
@@ -189,6 +190,9 @@ int output_token(void *user, int32_t id, const char *text, size_t len);
 /* After generation: flush the parser, the last chunks, [DONE]; then
  * job_finish. st != SPARK_OK fails the job. */
 void output_end(job *j, spark_status st);
+/* Fail the job with an HTTP status and message: a streamed job gets an
+ * error event and [DONE] (its 200 is already sent); then job_finish. */
+void output_fail(job *j, int status, const char *msg);
 /* The non-streamed response body of a finished job (malloc'd). */
 char *output_response(const job *j);
 /* {"error": {...}} (malloc'd). param and code may be NULL. */

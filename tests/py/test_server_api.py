@@ -270,3 +270,27 @@ def test_serve_help_and_bad_flags(model):
     run_spark(["serve", "--port"], expect_rc=2)
     p = run_spark(["serve", "-m", "/nonexistent/model", "--port", "0"], expect_rc=1)
     assert "/nonexistent/model" in p.stderr
+
+
+def test_shutdown_with_requests_in_flight(model):
+    """SIGTERM with one stream generating and one queued: both streams end
+    well-formed (the queued one with an error event), the server exits 0."""
+    srv = Server(model, "--parallel", 1)
+    body = {"model": model.name, "messages": HELLO, "max_tokens": 1500, "seed": 1, "stream": True}
+    running = srv.send("POST", "/v1/chat/completions", body)
+    r1 = running.getresponse()
+    assert r1.status == 200 and r1.readline().startswith(b"data: ")
+    queued = srv.send("POST", "/v1/chat/completions", body)
+    deadline = time.time() + 10
+    while srv.health()["queue_depth"] != 1:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    t0 = time.time()
+    srv.proc.send_signal(15)
+    rest1 = r1.read().decode()
+    r2 = queued.getresponse()
+    rest2 = r2.read().decode()
+    srv.stop()
+    assert time.time() - t0 < 10
+    assert rest1.rstrip().endswith("data: [DONE]")
+    assert r2.status == 200 and rest2.rstrip().endswith("data: [DONE]") and "shutting down" in rest2
