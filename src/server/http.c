@@ -202,6 +202,7 @@ static enum MHD_Result do_generate(request *r, struct MHD_Connection *conn, job_
                           "later.", sessions, cap);
     }
     r->job = j;
+    __atomic_add_fetch(&srv->inflight, 1, __ATOMIC_SEQ_CST);
     /* the wait for a queued or long job must not count as an idle connection;
      * client_gone() watches the socket meanwhile */
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
@@ -360,6 +361,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         pthread_mutex_unlock(&r->job->lock);
         if (!done) sched_abandon(srv->sched, r->job); /* the connection ended first */
         job_unref(r->job);
+        __atomic_sub_fetch(&srv->inflight, 1, __ATOMIC_SEQ_CST);
         /* generation turned the idle timeout off; the connection may live on */
         if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
             MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S);
@@ -426,6 +428,12 @@ void http_quiesce(server *srv)
     if (!srv->daemon) return;
     MHD_socket fd = MHD_quiesce_daemon(srv->daemon);
     if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+void http_drain(server *srv, int timeout_ms)
+{
+    for (int waited = 0; waited < timeout_ms && __atomic_load_n(&srv->inflight, __ATOMIC_SEQ_CST) > 0; waited += 10)
+        usleep(10 * 1000);
 }
 
 void http_stop(server *srv)

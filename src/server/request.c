@@ -184,7 +184,7 @@ static int parse_sampling(server *srv, const cJSON *root, spark_sampler_params *
 }
 
 /* Fields whose effect this server does not implement. */
-static int refuse_unsupported(const cJSON *root, job_kind kind, api_error *e)
+static int refuse_unsupported(const cJSON *root, api_error *e)
 {
     double x;
     int present;
@@ -200,13 +200,12 @@ static int refuse_unsupported(const cJSON *root, job_kind kind, api_error *e)
     const cJSON *rf = field(root, "response_format"), *type = rf ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
     if (rf && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
         return fail(e, 400, "response_format", "unsupported_value", "only response_format {\"type\": \"text\"} is supported");
-    (void)kind;
     return 1;
 }
 
 static int parse_common(server *srv, const cJSON *root, job *j, api_error *e)
 {
-    if (!parse_model(srv, root, j, e) || !parse_stream(root, j, e) || !refuse_unsupported(root, j->kind, e) ||
+    if (!parse_model(srv, root, j, e) || !parse_stream(root, j, e) || !refuse_unsupported(root, e) ||
         !parse_stop(root, j, e) || !parse_max_tokens(root, j, e))
         return 0;
     spark_sampler_params sp;

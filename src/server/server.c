@@ -3,7 +3,8 @@
  * once (shared read-only by every session), create the sessions and their
  * workers, then listen. Shutdown runs in the order that lets every thread
  * finish on its own: stop accepting, cancel and join the workers (which ends
- * every job, so waiting connections return), then stop the HTTP threads.
+ * every job, so waiting connections return), let the connections send what
+ * their jobs wrote, then stop the HTTP threads.
  */
 #include "server/server.h"
 
@@ -93,6 +94,7 @@ void server_close(server *srv)
     if (!srv) return;
     http_quiesce(srv);
     sched_stop(srv->sched);
+    http_drain(srv, 5000);
     http_stop(srv);
     sched_free(srv->sched);
     script_free(srv->script);

@@ -249,12 +249,16 @@ struct server {
     srv_script *script; /* test mode, else NULL */
     struct MHD_Daemon *daemon;
     int port;
+    int inflight; /* generation requests whose connection has not completed */
 };
 
 /* http.c: start / stop the listener. */
 int http_start(server *srv);
 void http_stop(server *srv);
 void http_quiesce(server *srv);
+/* Wait (up to timeout_ms) until every generation request has been sent in
+ * full, so stopping the daemon does not cut a response short. */
+void http_drain(server *srv, int timeout_ms);
 
 /* Random [A-Za-z0-9] text of n characters plus a NUL, for ids. */
 void random_id(char *out, size_t n);

@@ -38,6 +38,13 @@ def model_id(client):
     return client.models.list().data[0].id
 
 
+def wait_for(condition, timeout=10):
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
 def chat(client, model_id, **kw):
     kw.setdefault("messages", HELLO)
     return client.chat.completions.create(model=model_id, **kw)
@@ -211,10 +218,7 @@ def test_disconnect_cancels_a_non_streamed_request(server, model_id):
     before = server.metrics()["spark_requests_cancelled_total"]
     conn = server.send("POST", "/v1/chat/completions",
                        {"model": model_id, "messages": HELLO, "max_tokens": 1500, "seed": 2})
-    deadline = time.time() + 10
-    while server.health()["sessions_active"] == 0:
-        assert time.time() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: server.health()["sessions_active"] == 1)
     conn.close()
     server.wait_idle(timeout=10)
     assert server.metrics()["spark_requests_cancelled_total"] == before + 1
@@ -242,15 +246,13 @@ def test_queue_full_is_503(model):
         running = client.chat.completions.create(**long)
         next(iter(running))
         waiting = srv.send("POST", "/v1/chat/completions", long)
-        time.sleep(0.3)
-        assert srv.health()["queue_depth"] == 1
+        wait_for(lambda: srv.health()["queue_depth"] == 1)
         with pytest.raises(openai.InternalServerError) as e:
             client.chat.completions.create(model=model.name, messages=HELLO, max_tokens=2)
         assert e.value.status_code == 503 and e.value.body["code"] == "server_busy"
         # the waiting client leaves: it is dropped from the queue at once
         waiting.close()
-        time.sleep(0.5)
-        assert srv.health()["queue_depth"] == 0
+        wait_for(lambda: srv.health()["queue_depth"] == 0, timeout=2)
         running.close()
         srv.wait_idle(timeout=10)
         m = srv.metrics()
@@ -281,10 +283,7 @@ def test_shutdown_with_requests_in_flight(model):
     r1 = running.getresponse()
     assert r1.status == 200 and r1.readline().startswith(b"data: ")
     queued = srv.send("POST", "/v1/chat/completions", body)
-    deadline = time.time() + 10
-    while srv.health()["queue_depth"] != 1:
-        assert time.time() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: srv.health()["queue_depth"] == 1)
     t0 = time.time()
     srv.proc.send_signal(15)
     rest1 = r1.read().decode()
