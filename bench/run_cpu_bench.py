@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""CPU benchmark on a 4B-shaped synthetic Spark model (SPEC section 1 dims).
+
+    python3 bench/run_cpu_bench.py [--spark build/spark] [--dir /tmp/spark-bench-4b]
+        [--types bf16,q8_0,q4_k_m] [-p 512] [-n 128] [-t N] [--prev BIN] [--keep]
+        [--record bench/RESULTS.md]
+
+1. Writes a bf16 GGUF with seeded random weights of the real 4B shape
+   (hidden 2560, ff 10240, 36 layers, 16/4 heads, head_dim 256, vocab 131072,
+   8.2 GB), one tensor at a time through gguf-py's streaming writer.
+2. Makes the other types with `spark quantize` (the C quantizer).
+3. Runs `spark bench --json` on each (pp and tg, with the bandwidth and FMA
+   probes), and with --prev BIN also the previous build on the bf16 file
+   (with a shorter -p / -n: the old plain-C path is slow).
+4. Prints a markdown section and, with --record, appends it to RESULTS.md.
+Files are deleted at the end unless --keep. llama.cpp is not packaged for
+this Debian release (apt-cache policy llama.cpp: no candidate), so there is
+no side-by-side run with it.
+"""
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+SHAPE = dict(hidden=2560, ff=10240, layers=36, heads=16, kv_heads=4, head_dim=256, vocab=131072, window=512,
+             pattern="SSSF", max_ctx=1048576, seed=0)
+
+
+def bf16_bits(a):
+    """float32 -> bf16 bit patterns, round to nearest even (no NaNs here)."""
+    u = a.view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def make_bf16_gguf(path):
+    """Stream a 4B-shaped bf16 GGUF to `path`; returns seconds taken."""
+    import gguf
+    import mkmodel
+    import sparkgguf
+    t0 = time.time()
+    cfg = mkmodel.build_config(dtype="bf16", **SHAPE)
+    E, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, Hk, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    rng = np.random.default_rng(SHAPE["seed"])
+    specs = [("token_embd.weight", (V, E), E ** -0.25)]
+    for i in range(cfg["num_hidden_layers"]):
+        b = f"blk.{i}."
+        specs += [(b + "attn_norm.weight", (E,), None), (b + "attn_qkv.weight", ((H + 2 * Hk) * D, E), E ** -0.5),
+                  (b + "attn_gate.weight", (H, E), E ** -0.5), (b + "attn_output.weight", (E, H * D), (H * D) ** -0.5),
+                  (b + "ffn_norm.weight", (E,), None), (b + "ffn_gate.weight", (F, E), E ** -0.5),
+                  (b + "ffn_up.weight", (F, E), E ** -0.5), (b + "ffn_down.weight", (E, F), F ** -0.5)]
+    specs.append(("output_norm.weight", (E,), None))
+    w = gguf.GGUFWriter(str(path), "spark2_5")
+    w.add_name("spark-4b-synthetic")
+    w.add_file_type(32)
+    sparkgguf._add_hparams(w, cfg)
+    sparkgguf._add_special_ids(w, cfg)
+    for name, shape, _ in specs:
+        if len(shape) == 1:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
+        else:
+            w.add_tensor_info(name, shape, np.dtype(np.uint16), 2 * shape[0] * shape[1],
+                              raw_dtype=gguf.GGMLQuantizationType.BF16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, scale in specs:
+        if scale is None:
+            w.write_tensor_data(1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32))
+            continue
+        out = np.empty(shape, dtype=np.uint16)
+        step = max(1, (64 << 20) // (4 * shape[1]))
+        for r in range(0, shape[0], step):  # 64 MB of float32 at a time
+            block = rng.standard_normal((min(step, shape[0] - r), shape[1]), dtype=np.float32)
+            block *= np.float32(scale)
+            out[r:r + step] = bf16_bits(block)
+        w.write_tensor_data(out)
+    w.close()
+    return time.time() - t0
+
+
+def run(cmd, **kw):
+    print("+", " ".join(map(str, cmd)), file=sys.stderr, flush=True)
+    return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def bench(spark, model, p, n, threads, reps=1):
+    cmd = [spark, "bench", model, "-p", p, "-n", n, "-r", reps, "--json"]
+    if threads:
+        cmd += ["-t", threads]
+    load0 = os.getloadavg()[0]
+    out = json.loads(run(cmd, capture_output=True, text=True).stdout)
+    out["load_before"], out["load_after"] = load0, os.getloadavg()[0]
+    return out
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def row(label, r):
+    pp = f"{r['pp_tok_s']:.2f}" if r["pp_tokens"] else "-"
+    tg = f"{r['tg_tok_s']:.3f}" if r["tg_tokens"] else "-"
+    return (f"| {label} | {r['weights_bytes'] / 2**30:.2f} GiB | {r['threads']} | pp{r['pp_tokens']}: {pp} | "
+            f"{r['pp_gflop_s']:.1f} ({r['pp_peak_pct']:.0f}% of {r['fma_peak_gflop_s']:.0f}) | "
+            f"tg{r['tg_tokens']}: {tg} | {r['tg_gb_s']:.2f} | {r['bandwidth_gb_s']:.2f} | "
+            f"**{r['floor_pct']:.1f}%** | {r['load_before']:.2f} / {r['load_after']:.2f} |")
+
+
+def section(results, prev, args, gen_s, quant_s):
+    cpu = results[0][1]["cpu"] if results else "?"
+    lines = [f"## CPU backend, 4B-shaped synthetic model ({datetime.date.today().isoformat()})", "",
+             f"`python3 bench/run_cpu_bench.py` at commit {git_commit()}. CPU: {cpu}, "
+             f"{os.cpu_count()} cores, ISA level {results[0][1]['isa'] if results else '?'}. "
+             f"Model: SPEC §1 dims (36 layers, hidden 2560, ff 10240, vocab 131072), seeded random "
+             f"weights; bf16 written by the script ({gen_s:.0f} s), the others by `spark quantize` "
+             f"({', '.join(f'{k} {v:.0f} s' for k, v in quant_s.items())}).", "",
+             "Decode GB/s counts every weight byte once per token plus the KV rows read; the floor is the "
+             "probe's streaming-read bandwidth with the same threads; % of floor = achieved / probe. "
+             "Prefill GFLOP/s counts 2 per multiply-add in the matrices plus attention, against the FMA probe. "
+             "Load = 1-minute load average before / after (the machine is shared with other jobs).", "",
+             "| model | weights | threads | prefill t/s | prefill GFLOP/s (% of peak) | decode t/s | decode GB/s | "
+             "probe GB/s | % of floor | load |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [row(label, r) for label, r in results]
+    if prev:
+        lines += [row("bf16, previous build (plain C + OpenMP)", prev)]
+    lines += ["", "llama.cpp: not installable here (`apt-cache policy llama.cpp` has no candidate on Debian 12), "
+                  "so no same-run comparison.", ""]
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spark", default=str(ROOT / "build" / "spark"))
+    ap.add_argument("--dir", default="/tmp/spark-bench-4b")
+    ap.add_argument("--types", default="bf16,q8_0,q4_k_m")
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-t", type=int, default=0)
+    ap.add_argument("--prev", help="a previous spark binary to bench on the bf16 file (short run)")
+    ap.add_argument("--prev-p", type=int, default=32)
+    ap.add_argument("--prev-n", type=int, default=8)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--record", help="append the section to this markdown file")
+    a = ap.parse_args()
+    d = Path(a.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    src = d / "spark-4b-bf16.gguf"
+    gen_s = 0.0
+    if not src.exists():
+        gen_s = make_bf16_gguf(src)
+    quant_s, results = {}, []
+    try:
+        for t in a.types.split(","):
+            path = src if t == "bf16" else d / f"spark-4b-{t}.gguf"
+            if not path.exists():
+                t0 = time.time()
+                flag = ["--recipe", "q4_k_m"] if t == "q4_k_m" else ["--type", t]
+                run([a.spark, "quantize", src, path, *flag, "-q"] + (["-t", a.t] if a.t else []))
+                quant_s[t] = time.time() - t0
+            results.append((t, bench(a.spark, path, a.p, a.n, a.t)))
+            print(json.dumps(results[-1][1]), flush=True)
+        prev = bench(a.prev, src, a.prev_p, a.prev_n, a.t) if a.prev else None
+        text = section(results, prev, a, gen_s, quant_s)
+        print(text)
+        if a.record:
+            with open(a.record, "a", encoding="utf-8") as f:
+                f.write("\n" + text)
+    finally:
+        if not a.keep:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
