@@ -167,6 +167,25 @@ static void flush_tail(gen_state *g)
     if (g->hold.len) holdback_release(&g->hold, -1, g->hold.len);
 }
 
+/* The prompt in n_batch pieces, so a cancel (a client gone, Ctrl-C) also
+ * stops a long prefill; only the last piece computes logits. */
+static spark_status eval_prompt(spark_session *s, const int32_t *prompt, int32_t n, volatile int *cancel,
+                                spark_generate_result *r)
+{
+    for (int32_t done = 0; done < n;) {
+        if (cancel && *cancel) {
+            r->finish = SPARK_FINISH_CANCELLED;
+            return SPARK_OK;
+        }
+        int32_t piece = n - done < s->n_batch ? n - done : s->n_batch;
+        int last = done + piece == n;
+        TRY(spark_session_eval(s, prompt + done, piece, last ? s->logits : NULL, 0));
+        done += piece;
+        if (s->progress && n > s->n_batch) s->progress(s->progress_user, done, n);
+    }
+    return SPARK_OK;
+}
+
 spark_status spark_generate(spark_session *s, const spark_tokenizer *tok, spark_sampler *sampler,
                             const int32_t *prompt, int32_t n_prompt, const spark_generate_params *params,
                             spark_generate_result *result)
@@ -184,10 +203,10 @@ spark_status spark_generate(spark_session *s, const spark_tokenizer *tok, spark_
     gen_state g = {.s = s, .sampler = sampler, .p = p, .hold = {.p = p}, .r = &r};
     TRY(spark_detokenizer_create(tok, p->decode_flags, &g.dt));
     double t0 = now_seconds();
-    spark_status st = spark_session_eval(s, prompt, n_prompt, s->logits, 0);
+    spark_status st = eval_prompt(s, prompt, n_prompt, p->cancel, &r);
     for (int32_t i = 0; i < n_prompt; i++) spark_sampler_accept(sampler, prompt[i]);
     double t1 = now_seconds();
-    if (st == SPARK_OK) st = generate_loop(&g);
+    if (st == SPARK_OK && r.finish != SPARK_FINISH_CANCELLED) st = generate_loop(&g);
     if (st == SPARK_OK) flush_tail(&g);
     r.prompt_seconds = t1 - t0;
     r.generate_seconds = now_seconds() - t1;

@@ -206,6 +206,7 @@ static spark_status abandon_call(spark_chat_parser *p)
 /* Find the first of up to two tags in in[0..n); returns the offset and which. */
 static size_t find_tag(const char *s, size_t n, const char *a, const char *b, const char **which)
 {
+    if (n == 0) return *which = NULL, 0; /* also: s may be NULL before any input */
     const char *pa = a ? memmem(s, n, a, strlen(a)) : NULL, *pb = b ? memmem(s, n, b, strlen(b)) : NULL;
     if (pa && (!pb || pa <= pb)) return *which = a, (size_t)(pa - s);
     if (pb) return *which = b, (size_t)(pb - s);
