@@ -24,6 +24,20 @@ TEST_SRC := $(wildcard tests/c/test_*.c)
 TEST_SUPPORT := $(filter-out $(TEST_SRC),$(wildcard tests/c/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+
+# CUDA backend (issue 6): src/backend/cuda/*.cu when nvcc is on PATH (sm_90a
+# machine code for Hopper + compute_80 PTX for other GPUs from Ampere on),
+# else a stub whose backend reports "built without CUDA". The C side only
+# sees src/backend/cuda/cuda_backend.h.
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+NVCCFLAGS ?= -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80
+LIB_OBJ  += $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard src/backend/cuda/*.cu))
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+else
+LIB_OBJ  += $(BUILD)/obj/src/backend/cuda/cuda_stub.o
+endif
 BIN_OBJ  := $(BIN_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
@@ -38,6 +52,10 @@ all: sysdeps $(BUILD)/spark $(TEST_BIN) $(EXAMPLES)
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Iinclude -Isrc -MMD -MP -c $< -o $@
 
 # the chat page is embedded with .incbin (src/server/page.c)
 $(BUILD)/obj/src/server/page.o: src/server/chat_page.html

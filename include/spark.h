@@ -92,7 +92,21 @@ typedef struct spark_session_options {
     int32_t n_ctx;     /* context length; 0 = the checkpoint's max_ctx */
     int32_t n_batch;   /* max tokens per forward chunk; 0 = 512 */
     int32_t n_threads; /* 0 = all cores */
+    int32_t backend;   /* spark_backend_kind: where the model runs */
+    int32_t device;    /* SPARK_BACKEND_CUDA: the CUDA device index */
 } spark_session_options;
+
+/* Where a session computes. SPARK_BACKEND_CUDA copies every weight to the
+ * GPU once at session creation; it fails with SPARK_ERR_UNSUPPORTED when the
+ * build has no CUDA or no device is present (see spark_cuda_available). */
+typedef enum spark_backend_kind {
+    SPARK_BACKEND_CPU = 0,
+    SPARK_BACKEND_CUDA = 1,
+    SPARK_BACKEND_COUNT
+} spark_backend_kind;
+
+/* 1 when this build has the CUDA backend and a CUDA device is usable. */
+int spark_cuda_available(void);
 
 spark_session_options spark_session_default_options(void);
 

@@ -25,11 +25,12 @@ static const char logits_usage[] =
     "                      decode: one token at a time through the KV cache\n"
     "  --batch N           tokens per prefill chunk (default 512)\n"
     "  --ctx N             context length (default: the model's maximum)\n"
-    "  -t, --threads N     CPU threads (default: all cores)\n";
+    "  -t, --threads N     CPU threads (default: all cores)\n"
+    "  --gpu               run on the GPU (CUDA; -ngl N with N > 0 too)\n";
 
 typedef struct logits_args {
     const char *model, *out, *ids_text;
-    int all, decode;
+    int all, decode, gpu;
     long batch, ctx, threads;
     hook_opts hooks;
 } logits_args;
@@ -48,6 +49,12 @@ static int parse_logits_args(int argc, char **argv, logits_args *a)
             exit(0);
         } else if (!strcmp(arg, "--all")) {
             a->all = 1;
+        } else if (!strcmp(arg, "--gpu")) {
+            a->gpu = 1;
+        } else if (!strcmp(arg, "-ngl") || !strcmp(arg, "--n-gpu-layers")) {
+            long ngl;
+            if (!(v = cli_flag_value(argc, argv, &i, cmd)) || !cli_parse_int(cmd, arg, v, 0, INT32_MAX, &ngl)) return 0;
+            a->gpu = ngl > 0;
         } else if (!strcmp(arg, "--ids")) {
             if (!(a->ids_text = cli_flag_value(argc, argv, &i, cmd))) return 0;
         } else if (!strcmp(arg, "--out")) {
@@ -116,6 +123,7 @@ int cmd_logits(int argc, char **argv)
     o.n_ctx = (int32_t)a.ctx;
     o.n_batch = (int32_t)a.batch;
     o.n_threads = (int32_t)a.threads;
+    o.backend = a.gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     if (spark_session_create(model, &o, &session) != SPARK_OK) goto fail;
     size_t vocab = (size_t)spark_model_get_config(model)->n_vocab;
     size_t rows = a.all ? (size_t)n : 1;

@@ -26,12 +26,13 @@ static const char ppl_usage[] =
     "  --stride S      distance between window starts (default: ctx, no overlap)\n"
     "  --chunks K      score only the first K windows\n"
     "  --json          print one JSON object\n"
-    "  -t N            CPU threads\n";
+    "  -t N            CPU threads\n"
+    "  --gpu           run on the GPU (CUDA; -ngl N with N > 0 too)\n";
 
 typedef struct ppl_args {
     const char *model, *file;
-    long ctx, stride, chunks, threads;
-    int json;
+    long ctx, stride, chunks, threads, ngl;
+    int json, gpu;
 } ppl_args;
 
 static int parse_ppl(int argc, char **argv, ppl_args *a)
@@ -47,6 +48,11 @@ static int parse_ppl(int argc, char **argv, ppl_args *a)
         } else if (!strcmp(arg, "--json")) {
             a->json = 1;
             continue;
+        } else if (!strcmp(arg, "--gpu")) {
+            a->gpu = 1;
+            continue;
+        } else if (!strcmp(arg, "-ngl") || !strcmp(arg, "--n-gpu-layers")) {
+            num = &a->ngl, lo = 0;
         } else if (!strcmp(arg, "--file")) {
             if (!(a->file = cli_flag_value(argc, argv, &i, cmd))) return 0;
             continue;
@@ -71,6 +77,7 @@ static int parse_ppl(int argc, char **argv, ppl_args *a)
         fprintf(stderr, "spark perplexity: MODEL and --file are required (spark perplexity --help)\n");
         return 0;
     }
+    if (a->ngl > 0) a->gpu = 1;
     if (!a->stride) a->stride = a->ctx;
     if (a->stride > a->ctx) {
         fprintf(stderr, "spark perplexity: --stride %ld exceeds --ctx %ld\n", a->stride, a->ctx);
@@ -135,6 +142,7 @@ int cmd_perplexity(int argc, char **argv)
     spark_session_options o = spark_session_default_options();
     o.n_ctx = (int32_t)a.ctx;
     o.n_threads = (int32_t)a.threads;
+    o.backend = a.gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     if (spark_model_load(a.model, &model) != SPARK_OK || spark_tokenizer_load(a.model, &tok) != SPARK_OK ||
         spark_tokenizer_encode(tok, text, len, SPARK_ENCODE_PARSE_SPECIAL, &ids) != SPARK_OK ||
         spark_session_create(model, &o, &s) != SPARK_OK) {

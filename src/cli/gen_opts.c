@@ -20,6 +20,7 @@ const char gen_opts_help[] =
     "  -c, --ctx N             context length (default: the model's maximum)\n"
     "  -t, --threads N         CPU threads (default: all cores)\n"
     "  -b, --batch N           prompt tokens per forward chunk (default 512)\n"
+    "  --gpu                   run on the GPU (CUDA; -ngl N with N > 0 is accepted too)\n"
     "  -s, --seed N            random seed (default: from the clock; printed)\n"
     "  --temp T                temperature; 0 = greedy (default: generation_config, else 1.0)\n"
     "  --top-k K               keep the K most likely tokens (0 = off)\n"
@@ -149,6 +150,14 @@ int gen_opts_parse(gen_opts *o, int argc, char **argv, int *i, const char *comma
     if (!strcmp(a, "--no-think")) return o->no_think = 1;
     if (!strcmp(a, "--show-think")) return o->show_think = 1;
     if (!strcmp(a, "--ignore-eos")) return o->ignore_eos = 1;
+    if (!strcmp(a, "--gpu")) return o->gpu = 1;
+    if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers")) { /* llama.cpp spelling: all layers or none */
+        const char *v = cli_flag_value(argc, argv, i, command);
+        long n;
+        if (!v || !cli_parse_int(command, a, v, 0, INT_MAX, &n)) return -1;
+        o->gpu = n > 0;
+        return 1;
+    }
     static const char *const valued[] = {"-m", "--model", "-n", "--n-predict", "-c", "--ctx", "-t", "--threads",
                                          "-b", "--batch", "-s", "--seed", "--system", "--stop", "--temp",
                                          "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
@@ -205,6 +214,7 @@ int gen_env_open(gen_env *env, const gen_opts *o, const char *command)
     so.n_ctx = (int32_t)o->ctx;
     so.n_batch = (int32_t)o->batch;
     so.n_threads = (int32_t)o->threads;
+    so.backend = o->gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     if (spark_session_create(env->model, &so, &env->session) != SPARK_OK) return cli_report_error(command);
     env->sp = merge_sampling(o, spark_model_sampler_defaults(env->model));
     int32_t vocab = spark_model_get_config(env->model)->n_vocab;

@@ -27,6 +27,7 @@ typedef struct gen_opts {
     const char *stop[GEN_MAX_STOP];
     int n_stop, ignore_eos;
     int chat, no_think, show_think;
+    int gpu; /* --gpu / -ngl N (N > 0): run on the CUDA backend */
     const char *system;
 } gen_opts;
 

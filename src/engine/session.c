@@ -10,6 +10,7 @@
  */
 #include "engine/session.h"
 
+#include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "base/mem.h"
 #include "engine/mutants.h"
@@ -104,7 +105,10 @@ spark_status spark_session_create(spark_model *model, const spark_session_option
     s->n_batch = o.n_batch ? o.n_batch : DEFAULT_BATCH;
     if (s->n_batch > s->n_ctx) s->n_batch = s->n_ctx;
     describe_model(s);
-    spark_status st = backend_cpu_create(o.n_threads, &s->be);
+    spark_status st;
+    if (o.backend == SPARK_BACKEND_CUDA) st = backend_cuda_create(model, o.device, &s->be); /* issue 6 */
+    else if (o.backend == SPARK_BACKEND_CPU) st = backend_cpu_create(o.n_threads, &s->be);
+    else st = spark_fail(SPARK_ERR_ARG, "unknown backend %d (0 = CPU, 1 = CUDA)", o.backend);
     if (st == SPARK_OK) st = alloc_kv(s);
     if (st == SPARK_OK) st = alloc_scratch(s);
     if (st == SPARK_OK) st = alloc_history(s);

@@ -1,0 +1,127 @@
+/*
+ * cuda_bench.c — batch-1 decode and prefill timing of a spark session on
+ * the CUDA backend (or the CPU with --cpu), through the public API only.
+ *
+ *   cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu]
+ *
+ * Prefills P pseudo-random ids (timed, last-row logits), then decodes D
+ * tokens one at a time with their logits copied back to the host (timed: the
+ * real generation step, sampling excepted). Prints tokens/s, and against the
+ * physical limit the bytes each decode step must read: every weight once,
+ * plus the KV rows attention reads at the reached context (fp32 cache).
+ * Floor = those bytes / 4.24 TB/s (the H200's measured copy bandwidth, issue 6).
+ * The first eval of each kind is a warm-up and is not timed.
+ */
+#include "spark.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const double FLOOR_BPS = 4.24e12;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "cuda_bench: %s: %s\n", what, spark_last_error());
+    exit(1);
+}
+
+/* Bytes of K and V that attention reads for one query at position pos. */
+static double kv_bytes(const spark_model_config *c, int64_t pos)
+{
+    double row = 2.0 * c->n_head_kv * c->head_dim * sizeof(float), total = 0;
+    for (int i = 0; i < c->n_layer; i++) {
+        int64_t keys = pos + 1;
+        if (c->layer_kind[i] == SPARK_LAYER_SLIDING && keys > c->sliding_window) keys = c->sliding_window;
+        total += (double)keys * row;
+    }
+    return total;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = NULL;
+    long ctx = 4096, prefill = 512, decode = 128;
+    int cpu = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--decode") && i + 1 < argc) decode = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--cpu")) cpu = 1;
+        else if (!path) path = argv[i];
+        else {
+            fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu]\n");
+            return 2;
+        }
+    }
+    if (!path || prefill < 1 || decode < 1 || prefill + decode + 16 > ctx) {
+        fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] (P + D + 16 <= N)\n");
+        return 2;
+    }
+    double t0 = now();
+    spark_model *model;
+    if (spark_model_load(path, &model) != SPARK_OK) die("load");
+    const spark_model_config *c = spark_model_get_config(model);
+    spark_session_options o = spark_session_default_options();
+    o.n_ctx = (int32_t)ctx;
+    o.backend = cpu ? SPARK_BACKEND_CPU : SPARK_BACKEND_CUDA;
+    spark_session *s;
+    if (spark_session_create(model, &o, &s) != SPARK_OK) die("session");
+    double t_setup = now() - t0;
+
+    int32_t *ids = malloc((size_t)(prefill + decode + 16) * sizeof(int32_t));
+    float *logits = malloc((size_t)c->n_vocab * sizeof(float));
+    uint64_t rng = 0x9e3779b97f4a7c15ULL;
+    for (long i = 0; i < prefill + decode + 16; i++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        ids[i] = 3 + (int32_t)((rng >> 33) % (uint64_t)(c->n_vocab - 3));
+    }
+    /* warm-up: a GEMM-sized chunk and a few single tokens */
+    if (spark_session_eval(s, ids, 16, logits, 0) != SPARK_OK) die("warm-up");
+    for (int i = 0; i < 4; i++)
+        if (spark_session_eval(s, ids + 16 + i, 1, logits, 0) != SPARK_OK) die("warm-up");
+    spark_session_reset(s);
+
+    double a = now();
+    if (spark_session_eval(s, ids, (int32_t)prefill, logits, 0) != SPARK_OK) die("prefill");
+    double t_pre = now() - a;
+
+    a = now();
+    for (long i = 0; i < decode; i++)
+        if (spark_session_eval(s, ids + prefill + i, 1, logits, 0) != SPARK_OK) die("decode");
+    double t_dec = now() - a;
+
+    double wbytes = (double)spark_model_weight_bytes(model);
+    double kv = 0;
+    for (long i = 0; i < decode; i++) kv += kv_bytes(c, prefill + i);
+    kv /= (double)decode;
+    double step = t_dec / (double)decode;
+    double floor_s = (wbytes + kv) / FLOOR_BPS;
+    /* matrix FLOPs of the prefill: 2 per weight per token (the head on one row) */
+    double params = wbytes / 2.0; /* bf16: 2 bytes a weight (indicative for other formats) */
+    printf("model %s: %d layers, hidden %d, ff %d, heads %d/%d x %d, vocab %d; weights %.3f GB; setup %.2f s (%s)\n",
+           path, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim, c->n_vocab, wbytes / 1e9,
+           t_setup, cpu ? "cpu" : "cuda");
+    printf("prefill %ld tokens: %.1f ms, %.0f tok/s, ~%.1f TFLOP/s (matrices, bf16-sized)\n", prefill, t_pre * 1e3,
+           prefill / t_pre, 2.0 * params * prefill / t_pre / 1e12);
+    printf("decode %ld tokens at context %ld..%ld: %.3f ms/token, %.1f tok/s; reads %.3f GB/token "
+           "(weights %.3f + KV %.3f) = %.2f TB/s = %.1f%% of the 4.24 TB/s floor (floor %.3f ms, %.0f tok/s)\n",
+           decode, prefill, prefill + decode, step * 1e3, 1.0 / step, (wbytes + kv) / 1e9, wbytes / 1e9, kv / 1e9,
+           (wbytes + kv) / step / 1e12, 100.0 * floor_s / step, floor_s * 1e3, 1.0 / floor_s);
+    printf("RESULT prefill=%ld prefill_tok_s=%.1f decode_tok_s=%.2f ms_per_token=%.4f tb_s=%.3f pct_floor=%.1f\n", prefill,
+           prefill / t_pre, 1.0 / step, step * 1e3, (wbytes + kv) / step / 1e12, 100.0 * floor_s / step);
+    free(ids);
+    free(logits);
+    spark_session_free(s);
+    spark_model_free(model);
+    return 0;
+}

@@ -1,0 +1,132 @@
+#!/bin/bash
+# cuda_bench.sh — build, check and time the CUDA backend on a GPU machine in
+# one go (issue 6). Writes every log under $OUT (default /tmp/cuda-bench) and
+# prints a short summary last.
+#
+#   bash bench/cuda_bench.sh [quick|full]
+#
+# Stages, each under its own time limit, each continuing after a failure:
+#   deps    system headers/libraries missing there are unpacked from
+#           .devdeps/*.deb (apt-get download here, carried) into a sysroot
+#   build   make BUILD=build-gpu build-gpu/spark, and bench/cuda_bench.c
+#   probe   device-to-device copy bandwidth (torch), the floor's denominator
+#   check   a 4B-shaped 2-layer bf16 model: GPU vs CPU logits, prefill+decode
+#   bench   the 4B-shaped 36-layer bf16 model (bench/cuda_bench_model.py):
+#           prefill 512 + decode at ctx ~512; prefill 8k; (full) prefill 32k
+#           + decode at ctx ~32k
+#   tests   tests/py/test_cuda.py (errors per check in $OUT/errors.jsonl)
+#   sanit   compute-sanitizer memcheck on spark-tiny, prefill and decode
+set -u
+MODE=${1:-full}
+OUT=${OUT:-/tmp/cuda-bench}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+T0=$(date +%s)
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+stamp() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$SUMMARY"; }
+note() { echo "$*" | tee -a "$SUMMARY"; }
+export PYTHONUNBUFFERED=1
+command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+
+stamp "start ($MODE) on $(hostname)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,temperature.gpu \
+    --format=csv 2>&1 | tee -a "$SUMMARY"
+
+# ---- deps ---------------------------------------------------------------------
+SYS=/tmp/sysroot
+if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/microhttpd.h ]; then
+    mkdir -p $SYS
+    for f in .devdeps/*.deb; do dpkg -x "$f" $SYS; done
+    export EXTRA_CFLAGS="-I$SYS/usr/include"
+    export LDFLAGS="-L$SYS/usr/lib/x86_64-linux-gnu"
+    export LD_LIBRARY_PATH=$SYS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+    note "deps: unpacked .devdeps into $SYS"
+fi
+
+# ---- build --------------------------------------------------------------------
+stamp build
+CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+LIBS="-fopenmp ${LDFLAGS:-} -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
+if timeout 300 make -j"$(nproc)" BUILD=build-gpu build-gpu/spark >"$OUT/build.log" 2>&1 &&
+    gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -o build-gpu/cuda_bench bench/cuda_bench.c build-gpu/libspark.a $LIBS \
+        >>"$OUT/build.log" 2>&1; then
+    note "build: ok"
+else
+    note "build: FAILED"; tail -30 "$OUT/build.log"; exit 1
+fi
+SPARK=build-gpu/spark
+export SPARK_BIN=$ROOT/$SPARK
+
+# ---- probe --------------------------------------------------------------------
+stamp probe
+timeout 60 python3 - <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import torch
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+ts = []
+for _ in range(10):
+    s.record(); y.copy_(x); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+ts.sort(); t = ts[len(ts) // 2] / 1e3
+print(f"probe: d2d copy of 2 GiB: median {t*1e3:.3f} ms = {2 * x.numel() / t / 1e12:.2f} TB/s (read + write)")
+EOF
+
+# ---- check: 4B-shaped 2-layer bf16 model, GPU vs CPU ----------------------------
+stamp check
+SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
+timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 2 --max-ctx 4096 >"$OUT/check.log" 2>&1
+timeout 150 python3 - >>"$OUT/check.log" 2>&1 <<'EOF'
+import os, subprocess, numpy as np
+spark = os.environ["SPARK_BIN"]
+ids = ",".join(str(i) for i in np.random.default_rng(5).integers(3, 131072, 600))
+def run(*extra):
+    subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ids, "--out", "/tmp/l.npy", "--all", *extra], check=True)
+    return np.load("/tmp/l.npy").astype(np.float64)
+def rel(a, b): return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
+cpu = run()
+gpu = run("--gpu")
+dec = subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ids, "--out", "/tmp/d.npy", "--all", "--mode", "decode", "--gpu"], check=True)
+dec = np.load("/tmp/d.npy").astype(np.float64)
+for name, e in (("prefill gpu vs cpu", rel(gpu, cpu)), ("decode gpu vs cpu", rel(dec, cpu)), ("decode vs prefill gpu", rel(dec, gpu))):
+    print(f"check 4B-shape 2 layers, 600 tokens (window 512 wraps): {name}: max rel L2 {e.max():.3g} (mean {e.mean():.3g})")
+EOF
+grep "^check" "$OUT/check.log" | tee -a "$SUMMARY" || tail -20 "$OUT/check.log"
+
+# ---- bench: 4B-shaped 36 layers -------------------------------------------------
+stamp "bench: writing the 36-layer model"
+timeout 240 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 2>&1 | tee -a "$SUMMARY"
+stamp bench
+nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks before: /' | tee -a "$SUMMARY"
+bench() { timeout "$1" build-gpu/cuda_bench /tmp/m4b "${@:2}" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(RESULT|model|prefill|decode)|error" | tee -a "$SUMMARY"; }
+bench 120 --ctx 4096 --prefill 512 --decode 256
+bench 120 --ctx 9000 --prefill 8192 --decode 64
+if [ "$MODE" = full ]; then
+    bench 200 --ctx 32768 --prefill 32512 --decode 128
+fi
+nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks after: /' | tee -a "$SUMMARY"
+
+# ---- tests ----------------------------------------------------------------------
+stamp tests
+export SPARK_CUDA_REPORT=$OUT/errors.jsonl
+: >"$SPARK_CUDA_REPORT"
+PYTHONPATH=tools:tests/py timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
+    >"$OUT/tests.log" 2>&1
+tail -15 "$OUT/tests.log" | tee -a "$SUMMARY"
+python3 -c "
+import json; rows=[json.loads(l) for l in open('$SPARK_CUDA_REPORT')]
+w=max(rows, key=lambda r: r['max_rel_l2']) if rows else None
+print(f'errors: {len(rows)} checks recorded; worst {w}')" 2>&1 | tee -a "$SUMMARY"
+
+# ---- sanitizer --------------------------------------------------------------------
+stamp sanitizer
+IDS=$(python3 -c "print(','.join(str(i) for i in range(3, 43)))")
+for mode in prefill decode; do
+    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+        $SPARK logits models/spark-tiny --ids "$IDS" --all --mode $mode --batch 16 --gpu --out /tmp/s.npy \
+        >"$OUT/sanitizer-$mode.log" 2>&1
+    note "memcheck $mode: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$mode.log" | tail -1)"
+done
+stamp done
+cat "$SUMMARY" >/dev/null

@@ -1,0 +1,62 @@
+/*
+ * cuda_internal.h — what cuda_backend.cu (state, memory, op table, cuBLAS)
+ * needs from cuda_kernels.cu (the kernels and their launch shapes). C++ and
+ * CUDA types live here and in the two .cu files only; the C side of spark.c
+ * sees cuda_backend.h alone.
+ *
+ * Every launcher enqueues on `st` and returns the launch's error code (the
+ * caller checks it); none synchronizes.
+ */
+#ifndef SPARK_BACKEND_CUDA_INTERNAL_H
+#define SPARK_BACKEND_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+enum {
+    CUDA_GEMV_MAX_TOKENS = 4,  /* tokens one GEMV launch multiplies against a weight row */
+    CUDA_MAX_HEAD_DIM = 256,   /* attention keeps head_dim / 32 values per lane in registers */
+    CUDA_MAX_GROUP = 8,        /* query heads per KV head the attention kernel handles */
+};
+
+/* dtype codes are spark_dtype's values (io/dtype.h); repeated so this header
+ * needs no C include. */
+enum { CU_F32 = 0, CU_F16, CU_BF16, CU_Q8_0, CU_Q4_0, CU_Q4_K, CU_Q6_K };
+
+/* out[t, r] = x[t, :] . W[r, :] for t < n (n <= CUDA_GEMV_MAX_TOKENS).
+ * W: rows x cols in `dtype`, row_bytes apart. */
+cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, int dtype, int64_t rows,
+                    int64_t cols, int64_t row_bytes, int n);
+
+/* panel[r, c] = W[r0 + r, c] as float32, for r < prow. */
+cudaError_t cu_dequant_rows(cudaStream_t st, float *panel, const void *w, int dtype, int64_t r0, int64_t prow,
+                            int64_t cols, int64_t row_bytes);
+
+/* hi = bf16(x), lo = bf16(x - hi): x == hi + lo to ~2^-16 relative. */
+cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count);
+
+cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, int64_t cols, int64_t row_bytes,
+                     const int32_t *ids_dev, int n);
+cudaError_t cu_rmsnorm(cudaStream_t st, float *out, const float *x, const float *w, int n, int dim, float eps);
+cudaError_t cu_rope(cudaStream_t st, float *x, int n, int64_t stride, int n_heads, int head_dim, int64_t pos0,
+                    int rot_dims, double theta);
+cudaError_t cu_gate_heads(cudaStream_t st, float *o, const float *g, int n, int n_head, int head_dim);
+cudaError_t cu_gelu_mul(cudaStream_t st, float *a, const float *b, int64_t count);
+cudaError_t cu_add(cudaStream_t st, float *y, const float *x, int64_t count);
+cudaError_t cu_kv_store(cudaStream_t st, float *kc, float *vc, int64_t slots, const float *qkv, int64_t pos0, int n,
+                        int n_head, int n_head_kv, int head_dim, int64_t qkv_stride);
+
+/* Attention for n queries at pos0..; keys < pos0 from the cache (ring slot
+ * j % slots), keys >= pos0 from qkv. `splits` > 1 needs a workspace of
+ * n * n_head * splits * (head_dim + 2) floats. */
+typedef struct cu_attn_args {
+    float *out;
+    const float *qkv, *kc, *vc;
+    float *ws;
+    int64_t pos0, slots, qkv_stride;
+    int n, n_head, n_head_kv, head_dim, window, splits, keys_per_split;
+    float scale;
+} cu_attn_args;
+cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
+
+#endif

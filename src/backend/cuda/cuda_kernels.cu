@@ -1,0 +1,624 @@
+/*
+ * cuda_kernels.cu — the device kernels of the CUDA backend and their launch
+ * shapes: weight decoding for every stored format, the decode GEMVs, the
+ * element-wise ops of SPARK §2 and split-KV (flash-decoding) attention.
+ *
+ * Decode at batch 1 is a stream over the weights, so the GEMVs are built
+ * for bytes in flight: one warp per output row, 16-byte loads, several
+ * loads issued before the first is used. Everything else is small and only
+ * has to be right and not wasteful. Numbers follow the CPU backend: fp32
+ * activations and accumulation, rope angles in double, exact erf GELU.
+ */
+#include "backend/cuda/cuda_internal.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <type_traits>
+
+namespace {
+
+constexpr int WARP = 32;
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float b2f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+__device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return *(const uint16_t *)p; }
+
+/* ---- weight decoding: 32 consecutive values of a row ---------------------- */
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K block. */
+__device__ __forceinline__ void q4k_scale_min(const uint8_t *s, int j, int *sc, int *mn)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* y[0..31] = values [32g, 32g + 32) of a row (zeros past `cols` for the plain
+ * formats; block formats always hold whole groups). Layouts: model/quant.c. */
+__device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, float *y)
+{
+    int64_t c0 = g * 32;
+    switch (dtype) {
+    case CU_F32:
+    case CU_F16:
+    case CU_BF16:
+        for (int i = 0; i < 32; i++) {
+            int64_t c = c0 + i;
+            float v = 0.0f;
+            if (c < cols) {
+                if (dtype == CU_F32) v = ((const float *)row)[c];
+                else if (dtype == CU_F16) v = h2f(((const uint16_t *)row)[c]);
+                else v = b2f(((const uint16_t *)row)[c]);
+            }
+            y[i] = v;
+        }
+        return;
+    case CU_Q8_0: {
+        const uint8_t *b = row + g * 34;
+        float d = h2f(ld16(b));
+        const int8_t *q = (const int8_t *)(b + 2);
+        for (int i = 0; i < 32; i++) y[i] = d * (float)q[i];
+        return;
+    }
+    case CU_Q4_0: {
+        const uint8_t *b = row + g * 18;
+        float d = h2f(ld16(b));
+        for (int i = 0; i < 16; i++) {
+            y[i] = d * (float)((b[2 + i] & 0x0F) - 8);
+            y[i + 16] = d * (float)((b[2 + i] >> 4) - 8);
+        }
+        return;
+    }
+    case CU_Q4_K: {
+        const uint8_t *b = row + (g / 8) * 144;
+        int j = (int)(g % 8);
+        float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+        int sc, mn;
+        q4k_scale_min(b + 4, j, &sc, &mn);
+        const uint8_t *q = b + 16 + 32 * (j / 2); /* chunk j/2: sub 2c low nibbles, 2c+1 high */
+        int shift = 4 * (j & 1);
+        float a = d * (float)sc, m = dmin * (float)mn;
+        for (int l = 0; l < 32; l++) y[l] = a * (float)((q[l] >> shift) & 0x0F) - m;
+        return;
+    }
+    case CU_Q6_K: {
+        const uint8_t *b = row + (g / 8) * 210;
+        int j = (int)(g % 8), half = j / 4, which = j % 4;
+        const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * half;
+        float d = h2f(ld16(b + 208));
+        for (int l = 0; l < 32; l++) {
+            int lo = (which & 1) ? ql[l + 32] : ql[l];
+            lo = (which & 2) ? (lo >> 4) : (lo & 0x0F);
+            int q = (lo | (((qh[l] >> (2 * which)) & 3) << 4)) - 32;
+            y[l] = d * (float)sc[l / 16 + 2 * which] * (float)q;
+        }
+        return;
+    }
+    default:
+        for (int i = 0; i < 32; i++) y[i] = __int_as_float(0x7fc00000); /* unknown: NaN, loudly */
+    }
+}
+
+/* ---- GEMV ----------------------------------------------------------------- */
+
+/* Plain formats, 16-byte weight loads: one warp per row so each row is one
+ * contiguous stream; U loads per lane are issued before any is consumed to
+ * keep ~U*512 bytes per warp in flight (decode is a pure weight stream). */
+template <typename T, int NT, int U>
+__global__ void __launch_bounds__(256) gemv_vec_kernel(float *__restrict__ out, const float *__restrict__ x,
+                                                       const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
+                                                       int64_t row_bytes)
+{
+    constexpr int PER = 16 / sizeof(T); /* values per 16-byte load */
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    const uint4 *wr = (const uint4 *)(w + row * row_bytes);
+    int64_t nvec = cols / PER;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int64_t base = lane; base < nvec; base += (int64_t)WARP * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t i = base + (int64_t)u * WARP;
+            if (i < nvec) v[u] = __ldcs(wr + i); /* streamed once: don't keep in L2 */
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t i = base + (int64_t)u * WARP;
+            if (i >= nvec) break;
+            float wf[PER];
+            if constexpr (sizeof(T) == 4) {
+                wf[0] = __uint_as_float(v[u].x);
+                wf[1] = __uint_as_float(v[u].y);
+                wf[2] = __uint_as_float(v[u].z);
+                wf[3] = __uint_as_float(v[u].w);
+            } else {
+                uint32_t p[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+                        wf[2 * k] = __uint_as_float(p[k] << 16);
+                        wf[2 * k + 1] = __uint_as_float(p[k] & 0xffff0000u);
+                    } else {
+                        wf[2 * k] = h2f((uint16_t)(p[k] & 0xffff));
+                        wf[2 * k + 1] = h2f((uint16_t)(p[k] >> 16));
+                    }
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float4 *xv = (const float4 *)(x + t * cols + i * PER);
+                float s = acc[t];
+#pragma unroll
+                for (int k = 0; k < PER / 4; k++) {
+                    float4 a = __ldg(xv + k);
+                    s = fmaf(wf[4 * k], a.x, s);
+                    s = fmaf(wf[4 * k + 1], a.y, s);
+                    s = fmaf(wf[4 * k + 2], a.z, s);
+                    s = fmaf(wf[4 * k + 3], a.w, s);
+                }
+                acc[t] = s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) out[t * rows + row] = s;
+    }
+}
+
+/* Block formats (and odd-sized plain rows): one warp per row, each lane
+ * decodes whole 32-value groups; neighbouring lanes read neighbouring
+ * blocks, so a warp still sweeps the row front to back. */
+template <int NT>
+__global__ void __launch_bounds__(256) gemv_groups_kernel(float *__restrict__ out, const float *__restrict__ x,
+                                                          const uint8_t *__restrict__ w, int dtype, int64_t rows,
+                                                          int64_t cols, int64_t row_bytes)
+{
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    const uint8_t *wr = w + row * row_bytes;
+    int64_t groups = (cols + 31) / 32;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int64_t g = lane; g < groups; g += WARP) {
+        float y[32];
+        dq32(dtype, wr, g, cols, y);
+        int lim = cols - g * 32 < 32 ? (int)(cols - g * 32) : 32;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float *xt = x + t * cols + g * 32;
+            float s = acc[t];
+            for (int i = 0; i < lim; i++) s = fmaf(y[i], __ldg(xt + i), s);
+            acc[t] = s;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) out[t * rows + row] = s;
+    }
+}
+
+/* Grid-stride decode of rows into a float32 panel for cuBLAS: one thread per
+ * 32-value group (row-major panel, contiguous per row). */
+__global__ void dequant_rows_kernel(float *panel, const uint8_t *w, int dtype, int64_t r0, int64_t prow,
+                                    int64_t cols, int64_t row_bytes)
+{
+    int64_t groups = (cols + 31) / 32;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < prow * groups;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / groups, g = i % groups;
+        float y[32];
+        dq32(dtype, w + (r0 + r) * row_bytes, g, cols, y);
+        float *dst = panel + r * cols + g * 32;
+        int lim = cols - g * 32 < 32 ? (int)(cols - g * 32) : 32;
+        for (int k = 0; k < lim; k++) dst[k] = y[k];
+    }
+}
+
+/* Element-wise, grid-stride: the hi/lo bf16 pair cuBLAS multiplies. */
+__global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t count)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = x[i];
+        __nv_bfloat16 h = __float2bfloat16_rn(v);
+        hi[i] = h;
+        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
+}
+
+/* ---- small ops ------------------------------------------------------------ */
+
+/* One block per token row, one thread per 32-value group: rows are short. */
+__global__ void embed_kernel(float *out, const uint8_t *table, int dtype, int64_t cols, int64_t row_bytes,
+                             const int32_t *ids)
+{
+    int t = blockIdx.x;
+    const uint8_t *row = table + (int64_t)ids[t] * row_bytes;
+    int64_t groups = (cols + 31) / 32;
+    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+        float y[32];
+        dq32(dtype, row, g, cols, y);
+        int lim = cols - g * 32 < 32 ? (int)(cols - g * 32) : 32;
+        for (int k = 0; k < lim; k++) out[(int64_t)t * cols + g * 32 + k] = y[k];
+    }
+}
+
+/* One block per row: a block-wide sum of squares, then one scaled pass. */
+__global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x, const float *w, int dim, float eps)
+{
+    __shared__ float part[256 / WARP];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *yr = out + (int64_t)blockIdx.x * dim;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
+    s = warp_sum(s);
+    if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = s;
+    __syncthreads();
+    if (threadIdx.x < WARP) {
+        float v = threadIdx.x < blockDim.x / WARP ? part[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    float inv = 1.0f / sqrtf(part[0] / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
+/* One thread per (token, rotated pair): the angle is computed once, in
+ * double as on the CPU, and applied to every head of the row. */
+__global__ void rope_kernel(float *x, int n, int64_t stride, int n_heads, int head_dim, int64_t pos0, int half,
+                            double theta)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * half) return;
+    int t = (int)(i / half), j = (int)(i % half);
+    double inv_freq = pow(theta, -2.0 * j / (2.0 * half)); /* divisor: the rotary width R */
+    double angle = (double)(pos0 + t) * inv_freq;
+    float c = (float)cos(angle), s = (float)sin(angle);
+    float *row = x + (int64_t)t * stride;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = row + (int64_t)h * head_dim;
+        float a = v[j], b = v[j + half];
+        v[j] = a * c - b * s;
+        v[j + half] = b * c + a * s;
+    }
+}
+
+__global__ void gate_heads_kernel(float *o, const float *g, int64_t count, int head_dim)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+        o[i] *= 1.0f / (1.0f + expf(-g[i / head_dim]));
+}
+
+__global__ void gelu_mul_kernel(float *a, const float *b, int64_t count)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = a[i];
+        a[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)) * b[i]; /* exact erf form */
+    }
+}
+
+__global__ void add_kernel(float *y, const float *x, int64_t count)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+/* A ring keeps only the newest `slots` rows of the chunk. */
+__global__ void kv_store_kernel(float *kc, float *vc, int64_t slots, const float *qkv, int64_t pos0, int first, int n,
+                                int64_t q_dim, int64_t kv_dim, int64_t qkv_stride)
+{
+    int64_t count = (int64_t)(n - first) * kv_dim;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        int t = first + (int)(i / kv_dim);
+        int64_t e = i % kv_dim;
+        int64_t slot = (pos0 + t) % slots;
+        const float *row = qkv + (int64_t)t * qkv_stride + q_dim;
+        kc[slot * kv_dim + e] = row[e];
+        vc[slot * kv_dim + e] = row[kv_dim + e];
+    }
+}
+
+/* ---- attention -------------------------------------------------------------- */
+
+constexpr int ATT_WARPS = 4;
+
+/* One block per (query token, KV head, key split); the G query heads of the
+ * KV head share every key/value row fetched. A warp owns every ATT_WARPS-th
+ * key of the split and keeps an online softmax per head; lanes hold E
+ * interleaved dims (d = lane + 32 e) so a key row is read coalesced. Splits
+ * over the key range keep the whole GPU busy at batch 1 on long contexts
+ * (flash-decoding); their partial (max, sum, out) are merged afterwards. */
+template <int E, int GMAX>
+__global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args a)
+{
+    const int D = a.head_dim, G = a.n_head / a.n_head_kv;
+    const int t = blockIdx.x / a.n_head_kv, kh = blockIdx.x % a.n_head_kv, split = blockIdx.y;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int64_t q_dim = (int64_t)a.n_head * D, kv_dim = (int64_t)a.n_head_kv * D;
+    const int64_t p = a.pos0 + t;
+    int64_t lo = a.window ? p - a.window + 1 : 0; /* sliding: 0 <= p - j < window */
+    if (lo < 0) lo = 0;
+    const int64_t j_begin = lo + (int64_t)split * a.keys_per_split;
+    int64_t j_end = j_begin + a.keys_per_split;
+    if (j_end > p + 1) j_end = p + 1;
+
+    float q[GMAX][E], acc[GMAX][E], m[GMAX], l[GMAX];
+    const float *qrow = a.qkv + (int64_t)t * a.qkv_stride;
+#pragma unroll
+    for (int g = 0; g < GMAX; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            int d = lane + 32 * e;
+            int h = kh * G + g;
+            q[g][e] = (g < G && d < D) ? qrow[(int64_t)h * D + d] * a.scale : 0.0f;
+            acc[g][e] = 0.0f;
+        }
+    }
+
+    for (int64_t j = j_begin + warp; j < j_end; j += ATT_WARPS) {
+        const float *kr, *vr;
+        if (j >= a.pos0) { /* this chunk's own rows, still in qkv */
+            kr = a.qkv + (j - a.pos0) * a.qkv_stride + q_dim + (int64_t)kh * D;
+            vr = kr + kv_dim;
+        } else {           /* earlier positions: the cache (ring slot j % slots) */
+            int64_t off = (j % a.slots) * kv_dim + (int64_t)kh * D;
+            kr = a.kc + off;
+            vr = a.vc + off;
+        }
+        float k[E], v[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            int d = lane + 32 * e;
+            k[e] = d < D ? kr[d] : 0.0f;
+            v[e] = d < D ? vr[d] : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < GMAX; g++) {
+            if (g >= G) break;
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++) s = fmaf(q[g][e], k[e], s);
+            s = warp_sum(s);
+            float mn = fmaxf(m[g], s);
+            float c = expf(m[g] - mn), pe = expf(s - mn);
+            l[g] = l[g] * c + pe;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[g][e] = fmaf(acc[g][e], c, pe * v[e]);
+            m[g] = mn;
+        }
+    }
+
+    /* merge the warps' states through shared memory */
+    __shared__ float sm_m[ATT_WARPS][GMAX], sm_l[ATT_WARPS][GMAX];
+    __shared__ float sm_acc[ATT_WARPS][GMAX][E * 32];
+#pragma unroll
+    for (int g = 0; g < GMAX; g++) {
+        if (lane == 0) {
+            sm_m[warp][g] = m[g];
+            sm_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int e = 0; e < E; e++) sm_acc[warp][g][lane + 32 * e] = acc[g][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        int g = i / D, d = i % D;
+        float M = -INFINITY;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w][g]);
+        float L = 0.0f, A = 0.0f;
+        if (M != -INFINITY) {
+            for (int w = 0; w < ATT_WARPS; w++) {
+                float f = expf(sm_m[w][g] - M);
+                L += sm_l[w][g] * f;
+                A += sm_acc[w][g][d] * f;
+            }
+        }
+        int h = kh * G + g;
+        if (a.splits == 1) {
+            a.out[((int64_t)t * a.n_head + h) * D + d] = A / L;
+        } else {
+            float *ws = a.ws + (((int64_t)t * a.n_head + h) * a.splits + split) * (D + 2);
+            if (d == 0) {
+                ws[0] = M;
+                ws[1] = L;
+            }
+            ws[2 + d] = A;
+        }
+    }
+}
+
+/* One block per (token, head): merge the splits' partial softmax states. */
+__global__ void attention_merge_kernel(float *out, const float *ws, int splits, int head_dim)
+{
+    const float *base = ws + (int64_t)blockIdx.x * splits * (head_dim + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++) M = fmaxf(M, base[(int64_t)s * (head_dim + 2)]);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float L = 0.0f, A = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            const float *p = base + (int64_t)s * (head_dim + 2);
+            if (p[0] == -INFINITY) continue;
+            float f = expf(p[0] - M);
+            L += p[1] * f;
+            A += p[2 + d] * f;
+        }
+        out[(int64_t)blockIdx.x * head_dim + d] = A / L;
+    }
+}
+
+unsigned grid_for(int64_t count, int threads)
+{
+    int64_t b = (count + threads - 1) / threads;
+    if (b > 65535LL * 16) b = 65535LL * 16; /* grid-stride loops cover the rest */
+    return (unsigned)(b > 0 ? b : 1);
+}
+
+template <typename T, int NT>
+void launch_vec(cudaStream_t st, float *out, const float *x, const uint8_t *w, int64_t rows, int64_t cols,
+                int64_t row_bytes)
+{
+    const int warps = 8;
+    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    gemv_vec_kernel<T, NT, 8><<<blocks, warps * WARP, 0, st>>>(out, x, w, rows, cols, row_bytes);
+}
+
+template <typename T>
+void launch_vec_n(cudaStream_t st, float *out, const float *x, const uint8_t *w, int64_t rows, int64_t cols,
+                  int64_t row_bytes, int n)
+{
+    switch (n) {
+    case 1: launch_vec<T, 1>(st, out, x, w, rows, cols, row_bytes); break;
+    case 2: launch_vec<T, 2>(st, out, x, w, rows, cols, row_bytes); break;
+    case 3: launch_vec<T, 3>(st, out, x, w, rows, cols, row_bytes); break;
+    default: launch_vec<T, 4>(st, out, x, w, rows, cols, row_bytes); break;
+    }
+}
+
+template <int E, int GMAX>
+void launch_attention(cudaStream_t st, const cu_attn_args *a)
+{
+    dim3 grid((unsigned)(a->n * a->n_head_kv), (unsigned)a->splits);
+    attention_kernel<E, GMAX><<<grid, ATT_WARPS * 32, 0, st>>>(*a);
+}
+
+template <int E>
+void launch_attention_g(cudaStream_t st, const cu_attn_args *a)
+{
+    int G = a->n_head / a->n_head_kv;
+    if (G <= 1) launch_attention<E, 1>(st, a);
+    else if (G <= 4) launch_attention<E, 4>(st, a);
+    else launch_attention<E, 8>(st, a);
+}
+
+} // namespace
+
+cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, int dtype, int64_t rows,
+                    int64_t cols, int64_t row_bytes, int n)
+{
+    const uint8_t *wb = (const uint8_t *)w;
+    int plain = dtype == CU_F32 || dtype == CU_F16 || dtype == CU_BF16;
+    /* 16-byte loads need every row start and x row 16-byte aligned */
+    int vec_ok = plain && row_bytes % 16 == 0 && cols % 4 == 0 && ((uintptr_t)w % 16) == 0 &&
+                 ((uintptr_t)x % 16) == 0 && (dtype == CU_F32 || cols % 8 == 0);
+    if (vec_ok) {
+        if (dtype == CU_F32) launch_vec_n<float>(st, out, x, wb, rows, cols, row_bytes, n);
+        else if (dtype == CU_F16) launch_vec_n<__half>(st, out, x, wb, rows, cols, row_bytes, n);
+        else launch_vec_n<__nv_bfloat16>(st, out, x, wb, rows, cols, row_bytes, n);
+        return cudaGetLastError();
+    }
+    const int warps = 8;
+    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    switch (n) {
+    case 1: gemv_groups_kernel<1><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
+    case 2: gemv_groups_kernel<2><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
+    case 3: gemv_groups_kernel<3><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
+    default: gemv_groups_kernel<4><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t cu_dequant_rows(cudaStream_t st, float *panel, const void *w, int dtype, int64_t r0, int64_t prow,
+                            int64_t cols, int64_t row_bytes)
+{
+    int64_t work = prow * ((cols + 31) / 32);
+    dequant_rows_kernel<<<grid_for(work, 256), 256, 0, st>>>(panel, (const uint8_t *)w, dtype, r0, prow, cols,
+                                                            row_bytes);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count)
+{
+    split_bf16_kernel<<<grid_for(count, 256), 256, 0, st>>>((__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, count);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, int64_t cols, int64_t row_bytes,
+                     const int32_t *ids_dev, int n)
+{
+    embed_kernel<<<n, 128, 0, st>>>(out, (const uint8_t *)table, dtype, cols, row_bytes, ids_dev);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_rmsnorm(cudaStream_t st, float *out, const float *x, const float *w, int n, int dim, float eps)
+{
+    rmsnorm_kernel<<<n, 256, 0, st>>>(out, x, w, dim, eps);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_rope(cudaStream_t st, float *x, int n, int64_t stride, int n_heads, int head_dim, int64_t pos0,
+                    int rot_dims, double theta)
+{
+    int half = rot_dims / 2;
+    if (half <= 0) return cudaSuccess;
+    int64_t count = (int64_t)n * half;
+    rope_kernel<<<(unsigned)((count + 127) / 128), 128, 0, st>>>(x, n, stride, n_heads, head_dim, pos0, half, theta);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_gate_heads(cudaStream_t st, float *o, const float *g, int n, int n_head, int head_dim)
+{
+    int64_t count = (int64_t)n * n_head * head_dim;
+    gate_heads_kernel<<<grid_for(count, 256), 256, 0, st>>>(o, g, count, head_dim);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_gelu_mul(cudaStream_t st, float *a, const float *b, int64_t count)
+{
+    gelu_mul_kernel<<<grid_for(count, 256), 256, 0, st>>>(a, b, count);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_add(cudaStream_t st, float *y, const float *x, int64_t count)
+{
+    add_kernel<<<grid_for(count, 256), 256, 0, st>>>(y, x, count);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_kv_store(cudaStream_t st, float *kc, float *vc, int64_t slots, const float *qkv, int64_t pos0, int n,
+                        int n_head, int n_head_kv, int head_dim, int64_t qkv_stride)
+{
+    int first = n > slots ? n - (int)slots : 0;
+    int64_t kv_dim = (int64_t)n_head_kv * head_dim;
+    int64_t count = (int64_t)(n - first) * kv_dim;
+    kv_store_kernel<<<grid_for(count, 256), 256, 0, st>>>(kc, vc, slots, qkv, pos0, first, n,
+                                                         (int64_t)n_head * head_dim, kv_dim, qkv_stride);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a)
+{
+    int D = a->head_dim;
+    if (D <= 32) launch_attention_g<1>(st, a);
+    else if (D <= 64) launch_attention_g<2>(st, a);
+    else if (D <= 128) launch_attention_g<4>(st, a);
+    else launch_attention_g<8>(st, a);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess || a->splits == 1) return err;
+    attention_merge_kernel<<<(unsigned)(a->n * a->n_head), 128, 0, st>>>(a->out, a->ws, a->splits, D);
+    return cudaGetLastError();
+}
