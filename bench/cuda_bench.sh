@@ -16,6 +16,10 @@
 #           + decode at ctx ~32k
 #   tests   tests/py/test_cuda.py (errors per check in $OUT/errors.jsonl)
 #   sanit   compute-sanitizer memcheck on spark-tiny, prefill and decode
+#   ncu     (full) per-kernel GPU time of single-token steps on the 4-layer
+#           4B-shaped model, summed by kernel (graphs off: one launch each)
+#
+# SPARK_CUDA_GRAPH=0 turns the decode-step CUDA graphs off (compared below).
 set -u
 MODE=${1:-full}
 OUT=${OUT:-/tmp/cuda-bench}
@@ -76,7 +80,7 @@ EOF
 # ---- check: 4B-shaped 2-layer bf16 model, GPU vs CPU ----------------------------
 stamp check
 SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
-timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 2 --max-ctx 4096 >"$OUT/check.log" 2>&1
+timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/check.log" 2>&1
 timeout 150 python3 - >>"$OUT/check.log" 2>&1 <<'EOF'
 import os, subprocess, numpy as np
 spark = os.environ["SPARK_BIN"]
@@ -87,12 +91,13 @@ def run(*extra):
 def rel(a, b): return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
 cpu = run()
 gpu = run("--gpu")
-dec = subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ids, "--out", "/tmp/d.npy", "--all", "--mode", "decode", "--gpu"], check=True)
+dec = subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ids, "--out", "/tmp/d.npy", "--all", "--mode", "decode", "--gpu"], check=True,
+                     env=dict(os.environ, SPARK_CUDA_VERBOSE="1"))
 dec = np.load("/tmp/d.npy").astype(np.float64)
 for name, e in (("prefill gpu vs cpu", rel(gpu, cpu)), ("decode gpu vs cpu", rel(dec, cpu)), ("decode vs prefill gpu", rel(dec, gpu))):
-    print(f"check 4B-shape 2 layers, 600 tokens (window 512 wraps): {name}: max rel L2 {e.max():.3g} (mean {e.mean():.3g})")
+    print(f"check 4B-shape 4 layers (SSSF), 600 tokens (window 512 wraps): {name}: max rel L2 {e.max():.3g} (mean {e.mean():.3g})")
 EOF
-grep "^check" "$OUT/check.log" | tee -a "$SUMMARY" || tail -20 "$OUT/check.log"
+grep -E "^check|graph captures" "$OUT/check.log" | tee -a "$SUMMARY" || tail -20 "$OUT/check.log"
 
 # ---- bench: 4B-shaped 36 layers -------------------------------------------------
 stamp "bench: writing the 36-layer model"
@@ -101,6 +106,8 @@ stamp bench
 nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks before: /' | tee -a "$SUMMARY"
 bench() { timeout "$1" build-gpu/cuda_bench /tmp/m4b "${@:2}" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(RESULT|model|prefill|decode)|error" | tee -a "$SUMMARY"; }
 bench 120 --ctx 4096 --prefill 512 --decode 256
+note "(the same without decode graphs:)"
+SPARK_CUDA_GRAPH=0 bench 120 --ctx 4096 --prefill 512 --decode 256
 bench 120 --ctx 9000 --prefill 8192 --decode 64
 if [ "$MODE" = full ]; then
     bench 200 --ctx 32768 --prefill 32512 --decode 128
@@ -114,6 +121,12 @@ export SPARK_CUDA_REPORT=$OUT/errors.jsonl
 PYTHONPATH=tools:tests/py timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
     >"$OUT/tests.log" 2>&1
 tail -15 "$OUT/tests.log" | tee -a "$SUMMARY"
+if [ "$MODE" = full ]; then
+    note "tests again with SPARK_CUDA_GRAPH=0:"
+    SPARK_CUDA_GRAPH=0 PYTHONPATH=tools:tests/py timeout 200 python3 -m pytest -q -p no:cacheprovider -rfEs \
+        tests/py/test_cuda.py >>"$OUT/tests.log" 2>&1
+    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
+fi
 python3 -c "
 import json; rows=[json.loads(l) for l in open('$SPARK_CUDA_REPORT')]
 w=max(rows, key=lambda r: r['max_rel_l2']) if rows else None
@@ -122,11 +135,33 @@ print(f'errors: {len(rows)} checks recorded; worst {w}')" 2>&1 | tee -a "$SUMMAR
 # ---- sanitizer --------------------------------------------------------------------
 stamp sanitizer
 IDS=$(python3 -c "print(','.join(str(i) for i in range(3, 43)))")
+: >"$OUT/sanitizer.log"
 for mode in prefill decode; do
     timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
         $SPARK logits models/spark-tiny --ids "$IDS" --all --mode $mode --batch 16 --gpu --out /tmp/s.npy \
-        >"$OUT/sanitizer-$mode.log" 2>&1
-    note "memcheck $mode: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$mode.log" | tail -1)"
+        >/tmp/san.log 2>&1
+    rc=$?
+    cat /tmp/san.log >>"$OUT/sanitizer.log"
+    note "memcheck $mode: rc=$rc $(grep -E 'ERROR SUMMARY' /tmp/san.log | tail -1)"
 done
+if [ "$MODE" = full ]; then
+    stamp ncu
+    SPARK_CUDA_GRAPH=0 timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        $SPARK logits /tmp/m4b2 --ids 5,6,7 --mode decode --gpu --ctx 1024 --out /tmp/n.npy >"$OUT/ncu.log" 2>&1
+    python3 - "$OUT/ncu.log" <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import csv, sys, collections
+rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
+h = rows[0]; kn, mv = h.index("Kernel Name"), h.index("Metric Value")
+tot, cnt = collections.Counter(), collections.Counter()
+for r in rows[1:]:
+    name = r[kn].replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0]
+    if "gemv" in name and "Grid Size" in h: name += " grid " + r[h.index("Grid Size")]
+    tot[name] += float(r[mv].replace(",", "")); cnt[name] += 1
+all_ns = sum(tot.values())
+print(f"ncu: {len(rows) - 1} kernels, {all_ns / 1e3:.1f} us of GPU time over 3 single-token steps (4 layers + head)")
+for k, v in tot.most_common(14):
+    print(f"ncu: {v / 1e3:9.1f} us  {cnt[k]:4d}x  avg {v / cnt[k] / 1e3:7.2f} us  {k}")
+EOF
+fi
 stamp done
 cat "$SUMMARY" >/dev/null

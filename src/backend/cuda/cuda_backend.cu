@@ -45,6 +45,8 @@ struct dev_entry {
     void *dev;
 };
 
+struct cmd;
+
 struct cuda_backend {
     backend base;
     int device, sms;
@@ -61,9 +63,22 @@ struct cuda_backend {
     size_t bf_bytes;
     float *panel;   /* decoded weight rows, for cuBLAS */
     size_t panel_bytes;
+    int64_t *d_pos;  /* position of the current chunk's first token */
+    int64_t pos_host; /* what d_pos holds (when pos_set) */
+    int pos_set;
+    /* decode-step graphs (see flush) */
+    int graphs, recording;
+    int64_t step_pos;
+    int32_t step_id;
+    cmd *q, *gq;     /* the step being recorded; the one `exec` was captured from */
+    size_t nq, qcap, ngq;
+    cudaGraphExec_t exec;
+    long captures, replays;
 };
 
 cuda_backend *cuda_of(backend *be) { return (cuda_backend *)be; }
+
+void flush(cuda_backend *cb); /* runs a recorded decode step: before anything that synchronizes */
 
 [[noreturn]] void cuda_fatal(const char *call, const char *err, int line)
 {
@@ -191,6 +206,7 @@ spark_status cuda_alloc(backend *be, size_t bytes, float **out)
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
+    flush(cb);
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
     if (e != cudaSuccess) {
@@ -209,6 +225,7 @@ void cuda_release(backend *be, float *buf)
 {
     if (!buf) return;
     use_device(cuda_of(be));
+    flush(cuda_of(be));
     CK(cudaFree(buf));
 }
 
@@ -216,6 +233,7 @@ void cuda_download(backend *be, float *host_dst, const float *buf, size_t count)
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
+    flush(cb);
     CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
     CK(cudaStreamSynchronize(cb->st));
 }
@@ -225,6 +243,13 @@ void cuda_destroy(backend *be)
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
     if (cb->st) cudaStreamSynchronize(cb->st);
+    if (getenv("SPARK_CUDA_VERBOSE"))
+        fprintf(stderr, "spark: CUDA backend: %ld decode-step graph captures, %ld replays\n", cb->captures,
+                cb->replays);
+    if (cb->exec) cudaGraphExecDestroy(cb->exec);
+    free(cb->q);
+    free(cb->gq);
+    cudaFree(cb->d_pos);
     for (size_t i = 0; i < cb->cap; i++)
         if (cb->tab[i].host) cudaFree(cb->tab[i].dev);
     free(cb->tab);
@@ -237,27 +262,24 @@ void cuda_destroy(backend *be)
     free(cb);
 }
 
-/* ---- ops ----------------------------------------------------------------------- */
+/* ---- commands: every op, its arguments resolved to device memory ------------- */
 
-void cuda_embed(backend *be, float *out, const weight_ref *table, const int32_t *ids, int n)
-{
-    cuda_backend *cb = cuda_of(be);
-    use_device(cb);
-    const void *t = dev_weight(cb, table);
-    size_t bytes = (size_t)n * sizeof(int32_t);
-    if (bytes > cb->ids_bytes) CK(cudaStreamSynchronize(cb->st)); /* the old buffer may still be read */
-    int32_t *d_ids = (int32_t *)scratch((void **)&cb->ids, &cb->ids_bytes, bytes);
-    CK(cudaMemcpyAsync(d_ids, ids, bytes, cudaMemcpyHostToDevice, cb->st));
-    CK(cu_embed(cb->st, out, t, table->dtype, table->cols, (int64_t)dtype_row_bytes(table->dtype, table->cols),
-                d_ids, n));
-}
+enum cmd_op { OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_ATTN, OP_KV, OP_GATE, OP_GELU, OP_ADD };
 
-void cuda_rmsnorm(backend *be, float *out, const float *x, const float *w, int n, int dim, float eps)
-{
-    cuda_backend *cb = cuda_of(be);
-    use_device(cb);
-    CK(cu_rmsnorm(cb->st, out, x, dev_vector(cb, w, dim), n, dim, eps));
-}
+/* Zero-filled before use, so two commands compare equal bytewise exactly
+ * when they launch the same work (padding included). No field depends on
+ * the position or the token ids: those are read from device memory. */
+struct cmd {
+    int op, n, dtype, heads, head_dim, rot_dims;
+    float eps;
+    double theta;
+    int64_t rows, cols, row_bytes, stride, count, slots;
+    float *out, *k, *v;
+    const float *x, *y;
+    const void *w;
+    const int32_t *ids;
+    cu_attn_args attn;
+};
 
 /* bf16 weights, many tokens: tensor-core GEMM on x = hi + lo (two bf16 halves). */
 void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *W, int64_t rows, int64_t cols, int n)
@@ -278,44 +300,221 @@ void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *W, int6
 
 /* Any other format, many tokens: SGEMM, on the weights themselves (f32) or
  * on panels of rows decoded to float32. */
-void gemm_f32(cuda_backend *cb, float *out, const float *x, const void *W, const weight_ref *w, int n)
+void gemm_f32(cuda_backend *cb, const cmd *c)
 {
     const float one = 1.0f, zero = 0.0f;
-    int64_t rows = w->rows, cols = w->cols;
-    if (w->dtype == SPARK_DTYPE_F32) {
-        CKB(cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n, (int)cols, &one, (const float *)W,
-                        (int)cols, x, (int)cols, &zero, out, (int)rows));
+    int64_t rows = c->rows, cols = c->cols;
+    if (c->dtype == SPARK_DTYPE_F32) {
+        CKB(cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, c->n, (int)cols, &one, (const float *)c->w,
+                        (int)cols, c->x, (int)cols, &zero, c->out, (int)rows));
         return;
     }
-    int64_t row_bytes = (int64_t)dtype_row_bytes(w->dtype, (uint64_t)cols);
     int64_t per = (int64_t)(PANEL_BYTES / ((size_t)cols * sizeof(float)));
     if (per < 1) per = 1;
     if (per > rows) per = rows;
     float *panel = (float *)scratch((void **)&cb->panel, &cb->panel_bytes, (size_t)per * (size_t)cols * sizeof(float));
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         int64_t pr = rows - r0 < per ? rows - r0 : per;
-        CK(cu_dequant_rows(cb->st, panel, W, w->dtype, r0, pr, cols, row_bytes));
-        CKB(cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)pr, n, (int)cols, &one, panel, (int)cols, x,
-                        (int)cols, &zero, out + r0, (int)rows));
+        CK(cu_dequant_rows(cb->st, panel, c->w, c->dtype, r0, pr, cols, c->row_bytes));
+        CKB(cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)pr, c->n, (int)cols, &one, panel, (int)cols, c->x,
+                        (int)cols, &zero, c->out + r0, (int)rows));
     }
+}
+
+/* Launch one command's work on the stream (or into the graph being captured:
+ * then nothing here may allocate or synchronize, and nothing does for the
+ * single-token commands a decode step is made of). */
+void run_cmd(cuda_backend *cb, const cmd *c)
+{
+    cudaStream_t st = cb->st;
+    switch (c->op) {
+    case OP_EMBED: CK(cu_embed(st, c->out, c->w, c->dtype, c->cols, c->row_bytes, c->ids, c->n)); return;
+    case OP_RMSNORM: CK(cu_rmsnorm(st, c->out, c->x, c->y, c->n, (int)c->cols, c->eps)); return;
+    case OP_MATMUL:
+        if (c->n <= 2 * CUDA_GEMV_MAX_TOKENS) { /* decode: stream the weights once per 4 tokens */
+            for (int t0 = 0; t0 < c->n; t0 += CUDA_GEMV_MAX_TOKENS) {
+                int nt = c->n - t0 < CUDA_GEMV_MAX_TOKENS ? c->n - t0 : CUDA_GEMV_MAX_TOKENS;
+                CK(cu_gemv(st, c->out + (int64_t)t0 * c->rows, c->x + (int64_t)t0 * c->cols, c->w, c->dtype, c->rows,
+                           c->cols, c->row_bytes, nt));
+            }
+        } else if (c->dtype == SPARK_DTYPE_BF16) {
+            gemm_bf16(cb, c->out, c->x, c->w, c->rows, c->cols, c->n);
+        } else {
+            gemm_f32(cb, c);
+        }
+        return;
+    case OP_ROPE:
+        CK(cu_rope(st, c->out, c->n, c->stride, c->heads, c->head_dim, cb->d_pos, c->rot_dims, c->theta));
+        return;
+    case OP_ATTN: CK(cu_attention(st, &c->attn)); return;
+    case OP_KV:
+        CK(cu_kv_store(st, c->k, c->v, c->slots, c->x, cb->d_pos, c->n, c->heads, (int)c->rows, c->head_dim,
+                       c->stride));
+        return;
+    case OP_GATE: CK(cu_gate_heads(st, c->out, c->x, c->n, c->heads, c->head_dim)); return;
+    case OP_GELU: CK(cu_gelu_mul(st, c->out, c->x, c->count)); return;
+    case OP_ADD: CK(cu_add(st, c->out, c->x, c->count)); return;
+    }
+}
+
+/* ---- decode steps as CUDA graphs ---------------------------------------------- */
+/*
+ * A single-token step (embed with n == 1 up to the next synchronizing call)
+ * is recorded instead of launched: ~14 kernels a layer cost more to launch
+ * one by one than the GPU needs to run them. At the step's end the recorded
+ * commands are compared with the ones the current graph was captured from;
+ * equal (the usual case: same buffers, same shapes, only the position and
+ * the token differ, and those live in device memory) -> one graph launch;
+ * different -> capture a new graph. SPARK_CUDA_GRAPH=0 turns this off.
+ */
+
+void record(cuda_backend *cb, const cmd *c)
+{
+    if (cb->nq == cb->qcap) {
+        size_t ncap = cb->qcap ? 2 * cb->qcap : 1024;
+        cmd *nq = (cmd *)realloc(cb->q, ncap * sizeof *nq);
+        if (!nq) cuda_fatal("realloc", "out of host memory for the command queue", __LINE__);
+        cb->q = nq;
+        cb->qcap = ncap;
+    }
+    memcpy(&cb->q[cb->nq++], c, sizeof *c);
+}
+
+bool capture(cuda_backend *cb)
+{
+    cudaGraph_t g = NULL;
+    if (cudaStreamBeginCapture(cb->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    for (size_t i = 0; i < cb->nq; i++) run_cmd(cb, &cb->q[i]);
+    cudaError_t e = cudaStreamEndCapture(cb->st, &g);
+    if (e == cudaSuccess && g) e = cudaGraphInstantiate(&cb->exec, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (e != cudaSuccess || !cb->exec) {
+        cudaGetLastError();
+        cb->exec = NULL;
+        return false;
+    }
+    cmd *copy = (cmd *)realloc(cb->gq, cb->nq * sizeof *copy);
+    if (!copy) cuda_fatal("realloc", "out of host memory for the graph's commands", __LINE__);
+    memcpy(copy, cb->q, cb->nq * sizeof *copy);
+    cb->gq = copy;
+    cb->ngq = cb->nq;
+    return true;
+}
+
+/* Run the recorded step, if any. */
+void flush(cuda_backend *cb)
+{
+    if (!cb->recording) return;
+    cb->recording = 0;
+    CK(cu_set_i64(cb->st, cb->d_pos, cb->step_pos));
+    cb->pos_set = 1;
+    cb->pos_host = cb->step_pos;
+    CK(cu_set_i32(cb->st, cb->ids, cb->step_id));
+    bool same = cb->exec && cb->ngq == cb->nq && !memcmp(cb->gq, cb->q, cb->nq * sizeof *cb->q);
+    if (!same) {
+        if (cb->exec) cudaGraphExecDestroy(cb->exec);
+        cb->exec = NULL;
+        cb->captures++;
+        if (!capture(cb)) { /* not capturable here: run it as it is, and stop trying */
+            cb->graphs = 0;
+            for (size_t i = 0; i < cb->nq; i++) run_cmd(cb, &cb->q[i]);
+            return;
+        }
+    }
+    CK(cudaGraphLaunch(cb->exec, cb->st));
+    cb->replays++;
+}
+
+/* A command from an op: recorded inside a single-token step, else launched. */
+void submit(cuda_backend *cb, const cmd *c)
+{
+    if (cb->recording && c->n == 1) {
+        record(cb, c);
+        return;
+    }
+    flush(cb);
+    run_cmd(cb, c);
+}
+
+/* The position kernels read from cb->d_pos: the step's, or set now. */
+void set_pos(cuda_backend *cb, int64_t pos0)
+{
+    if (cb->recording) {
+        cb->step_pos = pos0;
+        return;
+    }
+    if (cb->pos_set && cb->pos_host == pos0) return;
+    CK(cu_set_i64(cb->st, cb->d_pos, pos0));
+    cb->pos_set = 1;
+    cb->pos_host = pos0;
+}
+
+/* ---- ops ----------------------------------------------------------------------- */
+
+cmd new_cmd(int op, int n)
+{
+    cmd c;
+    memset(&c, 0, sizeof c);
+    c.op = op;
+    c.n = n;
+    return c;
+}
+
+void cuda_embed(backend *be, float *out, const weight_ref *table, const int32_t *ids, int n)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    flush(cb); /* an unfinished step (no logits asked) ends here */
+    cmd c = new_cmd(OP_EMBED, n);
+    c.out = out;
+    c.w = dev_weight(cb, table);
+    c.dtype = table->dtype;
+    c.cols = table->cols;
+    c.row_bytes = (int64_t)dtype_row_bytes(table->dtype, (uint64_t)table->cols);
+    if (n == 1 && cb->graphs) {
+        cb->recording = 1;
+        cb->nq = 0;
+        cb->step_id = ids[0];
+        c.ids = cb->ids;
+        record(cb, &c);
+        return;
+    }
+    size_t bytes = (size_t)n * sizeof(int32_t);
+    c.ids = (int32_t *)scratch((void **)&cb->ids, &cb->ids_bytes, bytes);
+    /* pageable source: copied out of `ids` before this returns */
+    CK(cudaMemcpyAsync((void *)c.ids, ids, bytes, cudaMemcpyHostToDevice, cb->st));
+    run_cmd(cb, &c);
+}
+
+void cuda_rmsnorm(backend *be, float *out, const float *x, const float *w, int n, int dim, float eps)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    cmd c = new_cmd(OP_RMSNORM, n);
+    c.out = out;
+    c.x = x;
+    c.y = dev_vector(cb, w, dim);
+    c.cols = dim;
+    c.eps = eps;
+    submit(cb, &c);
 }
 
 void cuda_matmul(backend *be, float *out, const float *x, const weight_ref *w, int n)
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
-    const void *W = dev_weight(cb, w);
-    if (n <= 2 * CUDA_GEMV_MAX_TOKENS) { /* decode: stream the weights once per 4 tokens */
-        int64_t row_bytes = (int64_t)dtype_row_bytes(w->dtype, (uint64_t)w->cols);
-        for (int t0 = 0; t0 < n; t0 += CUDA_GEMV_MAX_TOKENS) {
-            int nt = n - t0 < CUDA_GEMV_MAX_TOKENS ? n - t0 : CUDA_GEMV_MAX_TOKENS;
-            CK(cu_gemv(cb->st, out + (int64_t)t0 * w->rows, x + (int64_t)t0 * w->cols, W, w->dtype, w->rows, w->cols,
-                       row_bytes, nt));
-        }
-        return;
-    }
-    if (w->dtype == SPARK_DTYPE_BF16) gemm_bf16(cb, out, x, W, w->rows, w->cols, n);
-    else gemm_f32(cb, out, x, W, w, n);
+    cmd c = new_cmd(OP_MATMUL, n);
+    c.out = out;
+    c.x = x;
+    c.w = dev_weight(cb, w);
+    c.dtype = w->dtype;
+    c.rows = w->rows;
+    c.cols = w->cols;
+    c.row_bytes = (int64_t)dtype_row_bytes(w->dtype, (uint64_t)w->cols);
+    submit(cb, &c);
 }
 
 void cuda_rope(backend *be, float *x, int n, int64_t stride, int n_heads, int head_dim, int64_t pos0,
@@ -323,7 +522,15 @@ void cuda_rope(backend *be, float *x, int n, int64_t stride, int n_heads, int he
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
-    CK(cu_rope(cb->st, x, n, stride, n_heads, head_dim, pos0, rc->rot_dims, rc->theta));
+    set_pos(cb, pos0);
+    cmd c = new_cmd(OP_ROPE, n);
+    c.out = x;
+    c.stride = stride;
+    c.heads = n_heads;
+    c.head_dim = head_dim;
+    c.rot_dims = rc->rot_dims;
+    c.theta = rc->theta;
+    submit(cb, &c);
 }
 
 void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
@@ -331,68 +538,95 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
-    /* the most keys any query of the chunk sees */
-    int64_t keys = cache->window && cache->window < pos0 + n ? cache->window : pos0 + n;
+    set_pos(cb, pos0);
+    /* Splits are sized from the cache's capacity, not the position, so a
+     * decode step's launch shape never changes: flash-decoding cuts the key
+     * range until the GPU is full, each split at least SPLIT_MIN_KEYS long
+     * at full capacity (shorter while the context is short). */
+    int64_t cap = cache->window && cache->window < cache->slots ? cache->window : cache->slots;
     int64_t blocks = (int64_t)n * sh->n_head_kv;
     int64_t target = 2 * (int64_t)cb->sms;
     int64_t splits = 1;
-    if (blocks < target) { /* flash-decoding: split the key range until the GPU is full */
+    if (blocks < target) {
         splits = (target + blocks - 1) / blocks;
-        int64_t most = (keys + SPLIT_MIN_KEYS - 1) / SPLIT_MIN_KEYS;
+        int64_t most = (cap + SPLIT_MIN_KEYS - 1) / SPLIT_MIN_KEYS;
         if (splits > most) splits = most;
         if (splits < 1) splits = 1;
     }
-    cu_attn_args a;
-    memset(&a, 0, sizeof a);
-    a.out = out;
-    a.qkv = qkv;
-    a.kc = cache->k;
-    a.vc = cache->v;
-    a.pos0 = pos0;
-    a.slots = cache->slots;
-    a.qkv_stride = sh->qkv_stride;
-    a.n = n;
-    a.n_head = sh->n_head;
-    a.n_head_kv = sh->n_head_kv;
-    a.head_dim = sh->head_dim;
-    a.window = cache->window;
-    a.splits = (int)splits;
-    a.keys_per_split = (int)((keys + splits - 1) / splits);
-    a.scale = sh->scale;
+    cmd c = new_cmd(OP_ATTN, n);
+    cu_attn_args *a = &c.attn;
+    a->out = out;
+    a->qkv = qkv;
+    a->kc = cache->k;
+    a->vc = cache->v;
+    a->pos = cb->d_pos;
+    a->slots = cache->slots;
+    a->qkv_stride = sh->qkv_stride;
+    a->n = n;
+    a->n_head = sh->n_head;
+    a->n_head_kv = sh->n_head_kv;
+    a->head_dim = sh->head_dim;
+    a->window = cache->window;
+    a->splits = (int)splits;
+    a->scale = sh->scale;
     if (splits > 1) {
         size_t need = (size_t)n * (size_t)sh->n_head * (size_t)splits * (size_t)(sh->head_dim + 2) * sizeof(float);
-        a.ws = (float *)scratch((void **)&cb->ws, &cb->ws_bytes, need);
+        if (need > cb->ws_bytes) flush(cb); /* a recorded step may still name the old buffer */
+        a->ws = (float *)scratch((void **)&cb->ws, &cb->ws_bytes, need);
     }
-    CK(cu_attention(cb->st, &a));
+    submit(cb, &c);
 }
 
 void cuda_kv_store(backend *be, kv_layer *cache, const float *qkv, int64_t pos0, int n, const attn_shape *sh)
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
-    CK(cu_kv_store(cb->st, cache->k, cache->v, cache->slots, qkv, pos0, n, sh->n_head, sh->n_head_kv, sh->head_dim,
-                   sh->qkv_stride));
+    set_pos(cb, pos0);
+    cmd c = new_cmd(OP_KV, n);
+    c.k = cache->k;
+    c.v = cache->v;
+    c.slots = cache->slots;
+    c.x = qkv;
+    c.heads = sh->n_head;
+    c.rows = sh->n_head_kv;
+    c.head_dim = sh->head_dim;
+    c.stride = sh->qkv_stride;
+    submit(cb, &c);
 }
 
 void cuda_gate_heads(backend *be, float *o, const float *g, int n, int n_head, int head_dim)
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
-    CK(cu_gate_heads(cb->st, o, g, n, n_head, head_dim));
+    cmd c = new_cmd(OP_GATE, n);
+    c.out = o;
+    c.x = g;
+    c.heads = n_head;
+    c.head_dim = head_dim;
+    submit(cb, &c);
+}
+
+/* Element-wise ops carry no token count: inside a recorded step they are
+ * recorded (count covers one token's row), else launched. */
+void elementwise(cuda_backend *cb, int op, float *a, const float *b, int64_t count)
+{
+    cmd c = new_cmd(op, cb->recording ? 1 : 0);
+    c.out = a;
+    c.x = b;
+    c.count = count;
+    submit(cb, &c);
 }
 
 void cuda_gelu_mul(backend *be, float *a, const float *b, int64_t count)
 {
-    cuda_backend *cb = cuda_of(be);
-    use_device(cb);
-    CK(cu_gelu_mul(cb->st, a, b, count));
+    use_device(cuda_of(be));
+    elementwise(cuda_of(be), OP_GELU, a, b, count);
 }
 
 void cuda_add(backend *be, float *y, const float *x, int64_t count)
 {
-    cuda_backend *cb = cuda_of(be);
-    use_device(cb);
-    CK(cu_add(cb->st, y, x, count));
+    use_device(cuda_of(be));
+    elementwise(cuda_of(be), OP_ADD, y, x, count);
 }
 
 const backend_ops cuda_ops = {
@@ -480,6 +714,13 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
         return spark_fail(SPARK_ERR_UNSUPPORTED, "CUDA device %d: cuBLAS could not be initialised", device);
     }
     CKB(cublasSetStream(cb->blas, cb->st));
+    const char *g = getenv("SPARK_CUDA_GRAPH");
+    cb->graphs = !(g && !strcmp(g, "0"));
+    CK(cudaMalloc((void **)&cb->d_pos, sizeof(int64_t)));
+    scratch((void **)&cb->ids, &cb->ids_bytes, 4096 * sizeof(int32_t));
+    /* the most a single-token attention needs: n_head x splits x (head_dim + 2) */
+    scratch((void **)&cb->ws, &cb->ws_bytes,
+            (size_t)c->n_head * (size_t)(2 * cb->sms) * (size_t)(c->head_dim + 2) * sizeof(float));
     spark_status st = upload_model(cb, model);
     if (st != SPARK_OK) {
         cuda_destroy(&cb->base);

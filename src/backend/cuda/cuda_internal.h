@@ -35,26 +35,34 @@ cudaError_t cu_dequant_rows(cudaStream_t st, float *panel, const void *w, int dt
 /* hi = bf16(x), lo = bf16(x - hi): x == hi + lo to ~2^-16 relative. */
 cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count);
 
+/* *dst = v, as a one-thread kernel: stream-ordered, no host buffer to keep alive. */
+cudaError_t cu_set_i64(cudaStream_t st, int64_t *dst, int64_t v);
+cudaError_t cu_set_i32(cudaStream_t st, int32_t *dst, int32_t v);
+
 cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, int64_t cols, int64_t row_bytes,
                      const int32_t *ids_dev, int n);
 cudaError_t cu_rmsnorm(cudaStream_t st, float *out, const float *x, const float *w, int n, int dim, float eps);
-cudaError_t cu_rope(cudaStream_t st, float *x, int n, int64_t stride, int n_heads, int head_dim, int64_t pos0,
+/* Kernels that depend on the position read it from device memory (`pos`,
+ * the first token's position), so a captured decode step replays unchanged. */
+cudaError_t cu_rope(cudaStream_t st, float *x, int n, int64_t stride, int n_heads, int head_dim, const int64_t *pos,
                     int rot_dims, double theta);
 cudaError_t cu_gate_heads(cudaStream_t st, float *o, const float *g, int n, int n_head, int head_dim);
 cudaError_t cu_gelu_mul(cudaStream_t st, float *a, const float *b, int64_t count);
 cudaError_t cu_add(cudaStream_t st, float *y, const float *x, int64_t count);
-cudaError_t cu_kv_store(cudaStream_t st, float *kc, float *vc, int64_t slots, const float *qkv, int64_t pos0, int n,
+cudaError_t cu_kv_store(cudaStream_t st, float *kc, float *vc, int64_t slots, const float *qkv, const int64_t *pos, int n,
                         int n_head, int n_head_kv, int head_dim, int64_t qkv_stride);
 
-/* Attention for n queries at pos0..; keys < pos0 from the cache (ring slot
- * j % slots), keys >= pos0 from qkv. `splits` > 1 needs a workspace of
- * n * n_head * splits * (head_dim + 2) floats. */
+/* Attention for n queries at *pos..; keys < *pos from the cache (ring slot
+ * j % slots), keys >= *pos from qkv. The key range of each query is cut into
+ * `splits` equal parts (sized on the device from the position); splits > 1
+ * needs a workspace of n * n_head * splits * (head_dim + 2) floats. */
 typedef struct cu_attn_args {
     float *out;
     const float *qkv, *kc, *vc;
     float *ws;
-    int64_t pos0, slots, qkv_stride;
-    int n, n_head, n_head_kv, head_dim, window, splits, keys_per_split;
+    const int64_t *pos;
+    int64_t slots, qkv_stride;
+    int n, n_head, n_head_kv, head_dim, window, splits;
     float scale;
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);

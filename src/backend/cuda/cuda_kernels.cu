@@ -288,9 +288,10 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x
 
 /* One thread per (token, rotated pair): the angle is computed once, in
  * double as on the CPU, and applied to every head of the row. */
-__global__ void rope_kernel(float *x, int n, int64_t stride, int n_heads, int head_dim, int64_t pos0, int half,
+__global__ void rope_kernel(float *x, int n, int64_t stride, int n_heads, int head_dim, const int64_t *pos, int half,
                             double theta)
 {
+    const int64_t pos0 = *pos;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)n * half) return;
     int t = (int)(i / half), j = (int)(i % half);
@@ -327,9 +328,10 @@ __global__ void add_kernel(float *y, const float *x, int64_t count)
 }
 
 /* A ring keeps only the newest `slots` rows of the chunk. */
-__global__ void kv_store_kernel(float *kc, float *vc, int64_t slots, const float *qkv, int64_t pos0, int first, int n,
-                                int64_t q_dim, int64_t kv_dim, int64_t qkv_stride)
+__global__ void kv_store_kernel(float *kc, float *vc, int64_t slots, const float *qkv, const int64_t *pos, int first,
+                                int n, int64_t q_dim, int64_t kv_dim, int64_t qkv_stride)
 {
+    const int64_t pos0 = *pos;
     int64_t count = (int64_t)(n - first) * kv_dim;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
         int t = first + (int)(i / kv_dim);
@@ -358,11 +360,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
     const int t = blockIdx.x / a.n_head_kv, kh = blockIdx.x % a.n_head_kv, split = blockIdx.y;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int64_t q_dim = (int64_t)a.n_head * D, kv_dim = (int64_t)a.n_head_kv * D;
-    const int64_t p = a.pos0 + t;
+    const int64_t pos0 = *a.pos, p = pos0 + t;
     int64_t lo = a.window ? p - a.window + 1 : 0; /* sliding: 0 <= p - j < window */
     if (lo < 0) lo = 0;
-    const int64_t j_begin = lo + (int64_t)split * a.keys_per_split;
-    int64_t j_end = j_begin + a.keys_per_split;
+    /* the most keys any query of the chunk sees, cut into equal splits */
+    const int64_t keys = a.window && a.window < pos0 + a.n ? a.window : pos0 + a.n;
+    const int64_t per_split = (keys + a.splits - 1) / a.splits;
+    const int64_t j_begin = lo + (int64_t)split * per_split;
+    int64_t j_end = j_begin + per_split;
     if (j_end > p + 1) j_end = p + 1;
 
     float q[GMAX][E], acc[GMAX][E], m[GMAX], l[GMAX];
@@ -382,8 +387,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
 
     for (int64_t j = j_begin + warp; j < j_end; j += ATT_WARPS) {
         const float *kr, *vr;
-        if (j >= a.pos0) { /* this chunk's own rows, still in qkv */
-            kr = a.qkv + (j - a.pos0) * a.qkv_stride + q_dim + (int64_t)kh * D;
+        if (j >= pos0) { /* this chunk's own rows, still in qkv */
+            kr = a.qkv + (j - pos0) * a.qkv_stride + q_dim + (int64_t)kh * D;
             vr = kr + kv_dim;
         } else {           /* earlier positions: the cache (ring slot j % slots) */
             int64_t off = (j % a.slots) * kv_dim + (int64_t)kh * D;
@@ -471,6 +476,9 @@ __global__ void attention_merge_kernel(float *out, const float *ws, int splits, 
     }
 }
 
+__global__ void set_i64_kernel(int64_t *dst, int64_t v) { *dst = v; }
+__global__ void set_i32_kernel(int32_t *dst, int32_t v) { *dst = v; }
+
 unsigned grid_for(int64_t count, int threads)
 {
     int64_t b = (count + threads - 1) / threads;
@@ -557,6 +565,18 @@ cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, i
     return cudaGetLastError();
 }
 
+cudaError_t cu_set_i64(cudaStream_t st, int64_t *dst, int64_t v)
+{
+    set_i64_kernel<<<1, 1, 0, st>>>(dst, v);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_set_i32(cudaStream_t st, int32_t *dst, int32_t v)
+{
+    set_i32_kernel<<<1, 1, 0, st>>>(dst, v);
+    return cudaGetLastError();
+}
+
 cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, int64_t cols, int64_t row_bytes,
                      const int32_t *ids_dev, int n)
 {
@@ -570,13 +590,13 @@ cudaError_t cu_rmsnorm(cudaStream_t st, float *out, const float *x, const float 
     return cudaGetLastError();
 }
 
-cudaError_t cu_rope(cudaStream_t st, float *x, int n, int64_t stride, int n_heads, int head_dim, int64_t pos0,
+cudaError_t cu_rope(cudaStream_t st, float *x, int n, int64_t stride, int n_heads, int head_dim, const int64_t *pos,
                     int rot_dims, double theta)
 {
     int half = rot_dims / 2;
     if (half <= 0) return cudaSuccess;
     int64_t count = (int64_t)n * half;
-    rope_kernel<<<(unsigned)((count + 127) / 128), 128, 0, st>>>(x, n, stride, n_heads, head_dim, pos0, half, theta);
+    rope_kernel<<<(unsigned)((count + 127) / 128), 128, 0, st>>>(x, n, stride, n_heads, head_dim, pos, half, theta);
     return cudaGetLastError();
 }
 
@@ -599,13 +619,13 @@ cudaError_t cu_add(cudaStream_t st, float *y, const float *x, int64_t count)
     return cudaGetLastError();
 }
 
-cudaError_t cu_kv_store(cudaStream_t st, float *kc, float *vc, int64_t slots, const float *qkv, int64_t pos0, int n,
+cudaError_t cu_kv_store(cudaStream_t st, float *kc, float *vc, int64_t slots, const float *qkv, const int64_t *pos, int n,
                         int n_head, int n_head_kv, int head_dim, int64_t qkv_stride)
 {
     int first = n > slots ? n - (int)slots : 0;
     int64_t kv_dim = (int64_t)n_head_kv * head_dim;
     int64_t count = (int64_t)(n - first) * kv_dim;
-    kv_store_kernel<<<grid_for(count, 256), 256, 0, st>>>(kc, vc, slots, qkv, pos0, first, n,
+    kv_store_kernel<<<grid_for(count, 256), 256, 0, st>>>(kc, vc, slots, qkv, pos, first, n,
                                                          (int64_t)n_head * head_dim, kv_dim, qkv_stride);
     return cudaGetLastError();
 }
