@@ -403,10 +403,11 @@ static void test_matmul_paths_and_threads(void)
 }
 
 /* Attention with a cache (pos0 > 0), GQA 4, window, odd head_dim: float64
- * reference, and identical results for 1..3 threads. */
-static void test_attention_reference_and_threads(void)
+ * reference, and identical results for 1..3 threads. N = 2 takes the
+ * per-token path (attention.c), N = 9 the tiled one (attention_tiled.c). */
+static void check_attention(int N)
 {
-    enum { H = 8, HK = 2, D = 36, PRIOR = 70, N = 9, WINDOW = 50, QKV = (H + 2 * HK) * D, KV = HK * D };
+    enum { H = 8, HK = 2, D = 36, PRIOR = 70, WINDOW = 50, QKV = (H + 2 * HK) * D, KV = HK * D };
     for (int window = 0; window <= WINDOW; window += WINDOW) {
         int64_t slots = window ? window : PRIOR + N;
         kv_layer cache = {.slots = slots, .window = window};
@@ -445,8 +446,8 @@ static void test_attention_reference_and_threads(void)
                             o += exp(sc[j] - mx) / sum * row[H * D + KV + (h / (H / HK)) * D + d];
                         }
                         float got = out[0][(t * H + h) * D + d];
-                        CHECK_MSG(fabs(got - o) <= 2e-6 * (1 + fabs(o)), "%s window %d t %d h %d d %d: %g vs %g",
-                                  cpu_isa_name(all_isas[li]), window, t, h, d, got, o);
+                        CHECK_MSG(fabs(got - o) <= 2e-6 * (1 + fabs(o)), "%s n %d window %d t %d h %d d %d: %g vs %g",
+                                  cpu_isa_name(all_isas[li]), N, window, t, h, d, got, o);
                     }
                 }
             size_t bytes = (size_t)N * H * D * sizeof(float);
@@ -459,6 +460,12 @@ static void test_attention_reference_and_threads(void)
         free(cache.k);
         free(cache.v);
     }
+}
+
+static void test_attention_reference_and_threads(void)
+{
+    check_attention(2);
+    check_attention(9);
 }
 
 /* ---- quantizers: round trip within each format's bound ------------------------------- */

@@ -17,6 +17,7 @@ enum {
     KEY_BLOCK = 64,
     MAX_GROUP = 64,            /* query heads per KV head handled in one task */
     PARALLEL_WORK = 1 << 15,   /* (keys x query heads x dims) below this: one thread */
+    TILED_MIN_TOKENS = 4,      /* from this many query tokens, attention_tiled.c shares key loads */
 };
 
 typedef struct attn_job {
@@ -121,6 +122,7 @@ static void attention_task(void *arg, int ith, int nth)
 void cpu_attention(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
                    const attn_shape *sh)
 {
+    if (n >= TILED_MIN_TOKENS && cpu_attention_tiled(be, out, qkv, cache, pos0, n, sh)) return;
     cpu_backend *cb = cpu_of(be);
     attn_job a = {.cb = cb, .out = out, .qkv = qkv, .cache = cache, .pos0 = pos0, .n = n, .sh = sh};
     int64_t keys = cache->window && cache->window < pos0 + n ? cache->window : pos0 + n;

@@ -40,6 +40,11 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
 void cpu_attention(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
                    const attn_shape *sh);
 
+/* Prefill attention over blocks of query tokens (attention_tiled.c); returns
+ * 0 without doing anything when the shape is outside what it handles. */
+int cpu_attention_tiled(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
+                        const attn_shape *sh);
+
 /* Split [0, total) into nth nearly equal ranges whose starts are multiples
  * of `align`; range ith is [*lo, *hi). */
 void cpu_split(int64_t total, int64_t align, int ith, int nth, int64_t *lo, int64_t *hi);

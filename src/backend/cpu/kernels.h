@@ -64,6 +64,12 @@ typedef struct cpu_kernels {
     float (*exp_sum)(float *s, float max, int64_t n);
     /* y += sum_j a[j] * rows[j] (dim floats each), j < n: attention's P.V */
     void (*axpy_rows)(float *y, const float *a, const float *const *rows, int n, int64_t dim);
+    /* Attention score block: s[r*ss + j] = scale * dot(q[r], k[j]) for r < nq, j < nk */
+    void (*qk_block)(float *s, int64_t ss, const float *const *q, int nq, const float *const *k, int nk, int64_t dim,
+                     float scale);
+    /* Attention value block: o[r] += sum_j p[r*ps + j] * v[j] for r < nq (dim floats each) */
+    void (*pv_block)(float *const *o, const float *p, int64_t ps, int nq, const float *const *v, int nk,
+                     int64_t dim);
 } cpu_kernels;
 
 /* The table of one level with NULL entries filled from the scalar table.

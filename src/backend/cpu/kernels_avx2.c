@@ -66,6 +66,9 @@ static inline float hsum256(__m256 v)
 #define TILE_TW 16
 #define TILE_TR 6
 #define GEMV_R(nt) ((nt) == 1 ? 4 : (nt) == 2 ? 2 : 1)
+#define QK_R 2
+#define QK_C 4
+#define PV_R 2
 #define KERNEL_TABLE cpu_kernels_avx2
 #define KERNEL_ISA CPU_ISA_AVX2
 

@@ -59,6 +59,9 @@ typedef __m512i vi;
 #define TILE_TW 32
 #define TILE_TR 12
 #define GEMV_R(nt) 4
+#define QK_R 4
+#define QK_C 4
+#define PV_R 4
 #define KERNEL_TABLE cpu_kernels_avx512
 #define KERNEL_ISA CPU_ISA_AVX512
 

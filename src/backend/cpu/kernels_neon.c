@@ -74,6 +74,9 @@ static inline float neon_f16(uint16_t h)
 #define TILE_TW 8
 #define TILE_TR 12
 #define GEMV_R(nt) 4
+#define QK_R 4
+#define QK_C 4
+#define PV_R 4
 #define KERNEL_TABLE cpu_kernels_neon
 #define KERNEL_ISA CPU_ISA_NEON
 

@@ -173,6 +173,18 @@ static void axpy_rows(float *y, const float *a, const float *const *rows, int n,
         for (int64_t i = 0; i < dim; i++) y[i] += a[j] * rows[j][i];
 }
 
+static void qk_block(float *s, int64_t ss, const float *const *q, int nq, const float *const *k, int nk, int64_t dim,
+                     float scale)
+{
+    for (int r = 0; r < nq; r++)
+        for (int j = 0; j < nk; j++) s[r * ss + j] = dot(q[r], k[j], dim) * scale;
+}
+
+static void pv_block(float *const *o, const float *p, int64_t ps, int nq, const float *const *v, int nk, int64_t dim)
+{
+    for (int r = 0; r < nq; r++) axpy_rows(o[r], p + r * ps, v, nk, dim);
+}
+
 const cpu_kernels cpu_kernels_scalar = {
     .isa = CPU_ISA_SCALAR,
     .gemm_tokens = SCALAR_TW,
@@ -201,6 +213,8 @@ const cpu_kernels cpu_kernels_scalar = {
     .rope_head = rope_head,
     .exp_sum = exp_sum,
     .axpy_rows = axpy_rows,
+    .qk_block = qk_block,
+    .pv_block = pv_block,
 };
 
 void cpu_pack_tokens(float *xp, const float *x, int64_t xs, int n, int64_t cols, int tw)
@@ -231,6 +245,8 @@ static void fill_missing(cpu_kernels *k)
     FILL(rope_head);
     FILL(exp_sum);
     FILL(axpy_rows);
+    FILL(qk_block);
+    FILL(pv_block);
 #undef FILL
     if (!k->gemm_tile) {
         k->gemm_tile = s->gemm_tile;
