@@ -22,7 +22,7 @@ MODEL = ROOT / "models" / "spark-tiny"
 
 
 def tok_s(binary, extra, n):
-    out = subprocess.run([binary, "run", "-m", MODEL, "-p", "And God said,", "-n", str(n), "--temp", "0",
+    out = subprocess.run([binary, "run", "-m", MODEL, "-p", "And God said,", "-n", str(n), "--temp", "0", "--ignore-eos",
                           "-t", "1", *extra], capture_output=True, text=True, check=True)
     return float(re.search(r"generated: \d+ tokens, ([\d.]+) tok/s", out.stderr).group(1))
 
