@@ -88,12 +88,37 @@ uint64_t spark_model_weight_bytes(const spark_model *model);
 
 typedef struct spark_session spark_session;
 
+/* How a KV cache stores its rows (SPEC §2 sizes, §7 TurboQuant). The float
+ * formats round each value; TurboQuant stores per row (one kv head's
+ * head_dim values) a scale and one Lloyd-Max codebook index per coordinate
+ * of the row after a fixed random-sign Hadamard rotation (head_dim must be
+ * a power of two), and attention reads the packed rows directly. */
+typedef enum spark_kv_type {
+    SPARK_KV_F32 = 0, /* exact (the default) */
+    SPARK_KV_F16,     /* IEEE half precision */
+    SPARK_KV_BF16,    /* bfloat16 */
+    SPARK_KV_TQ2,     /* TurboQuant: 2-bit keys and values */
+    SPARK_KV_TQ3,     /* TurboQuant: 3-bit keys and values */
+    SPARK_KV_TQ3_5,   /* TurboQuant: 3-bit keys, 4-bit values */
+    SPARK_KV_TQ4,     /* TurboQuant: 4-bit keys and values */
+    SPARK_KV_TYPE_COUNT
+} spark_kv_type;
+
+/* "f32", "f16", "bf16", "tq2", "tq3", "tq3.5", "tq4" ("invalid" otherwise). */
+const char *spark_kv_type_name(spark_kv_type type);
+
+/* Stored bits per cached value for heads of head_dim values, the
+ * TurboQuant row scale included (tq4 at head_dim 256: 4.125). */
+double spark_kv_type_bits(spark_kv_type type, int32_t head_dim);
+
 typedef struct spark_session_options {
     int32_t n_ctx;     /* context length; 0 = the checkpoint's max_ctx */
     int32_t n_batch;   /* max tokens per forward chunk; 0 = 512 */
     int32_t n_threads; /* 0 = all cores */
     int32_t backend;   /* spark_backend_kind: where the model runs */
     int32_t device;    /* SPARK_BACKEND_CUDA: the CUDA device index */
+    spark_kv_type kv_full;    /* format of the full layers' caches (default F32) */
+    spark_kv_type kv_sliding; /* format of the sliding layers' rings (default F32) */
 } spark_session_options;
 
 /* Where a session computes. SPARK_BACKEND_CUDA copies every weight to the
@@ -109,6 +134,22 @@ typedef enum spark_backend_kind {
 int spark_cuda_available(void);
 
 spark_session_options spark_session_default_options(void);
+
+/* What a session with given options will hold in memory. */
+typedef struct spark_session_memory {
+    int32_t n_ctx;            /* the context the numbers are for */
+    uint64_t kv_per_token;    /* KV bytes each position adds (all full layers) */
+    uint64_t kv_sliding;      /* KV bytes of the sliding layers' rings (fixed) */
+    uint64_t kv_bytes;        /* kv_per_token * n_ctx + kv_sliding */
+    uint64_t scratch_bytes;   /* activations, logits and token history */
+} spark_session_memory;
+
+/* Fill *out for `options` without creating anything. Fails exactly as
+ * spark_session_create would on the options (bad context, a KV format this
+ * model cannot use). The KV cache is committed lazily as positions fill, so
+ * kv_bytes is what a session needs once its context is full. */
+spark_status spark_session_memory_estimate(const spark_model *model, const spark_session_options *options,
+                                           spark_session_memory *out);
 
 spark_status spark_session_create(spark_model *model, const spark_session_options *options,
                                   spark_session **out);

@@ -7,11 +7,19 @@ are used exactly as stored (bf16/f16 upcast to float64 without rounding).
 
 API (import with PYTHONPATH=tools):
     load_model(path) -> Model          HF directory, or a GGUF file
-    forward(model, ids, steer=None, variant=None) -> [n, vocab] float64 logits
+    forward(model, ids, steer=None, variant=None, kv=None) -> [n, vocab] float64 logits
     hidden_states(model, ids, steer=None, variant=None) -> [n, layers, hidden]
     rope, rope_angles, attn_mask, window_mask, causal_mask, attention,
     rmsnorm, erf, gelu, gelu_tanh, sigmoid   (the small pieces, for unit tests)
     read_safetensors(file), load_hf_tensors(dir), hf_config(dir)
+
+`kv` = (full_type, sliding_type) simulates a KV cache that stores keys and
+values in a lossy format ("f32", "f16", "bf16", "tq2", "tq3", "tq3.5", "tq4"):
+every key (after rope) and value row goes through kv_roundtrip before
+attention, as spark.c's cache stores it. TurboQuant is written here from its
+description (SPEC section 7, src/engine/kv_format.h's header), independently of the C
+code: the Lloyd-Max codebooks are recomputed in float64, the rotation is the
+seeded random-sign Walsh-Hadamard transform with the same seed and hash.
 
 `variant` selects a deliberately broken model for quality-gate experiments:
     'rope_swap'          each layer class uses the other class's rope (dims, theta)
@@ -175,6 +183,104 @@ def attention(q, k, v, mask, scale):
 
 
 # --------------------------------------------------------------------------
+# KV-cache formats (simulated)
+
+KV_TYPES = ("f32", "f16", "bf16", "tq2", "tq3", "tq3.5", "tq4")
+KV_TQ_SEED = 0x53504B5451554E54  # "SPKTQUNT"
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(x):
+    z = (x + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def kv_signs(d):
+    """The rotation's random signs: -1 where the top bit of splitmix64(seed + i) is set."""
+    return np.array([-1.0 if _splitmix64(KV_TQ_SEED + i) >> 63 else 1.0 for i in range(d)])
+
+
+_CODEBOOKS = {}
+
+
+def lloyd_max_gaussian(bits, iters=200000):
+    """Centroids (ascending) and distortion of the Lloyd-Max quantizer of N(0, 1)."""
+    if bits in _CODEBOOKS:
+        return _CODEBOOKS[bits]
+    n = 1 << bits
+    c = [-3.0 + 6.0 * (i + 0.5) / n for i in range(n)]
+    pdf = lambda x: 0.0 if math.isinf(x) else math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    cdf = lambda x: 0.5 * math.erfc(-x / math.sqrt(2.0))
+    for _ in range(iters):
+        b = [-math.inf] + [(c[i] + c[i + 1]) / 2 for i in range(n - 1)] + [math.inf]
+        new = [(pdf(b[i]) - pdf(b[i + 1])) / (cdf(b[i + 1]) - cdf(b[i])) for i in range(n)]
+        done = max(abs(x - y) for x, y in zip(new, c)) < 1e-15
+        c = new
+        if done:
+            break
+    b = [-math.inf] + [(c[i] + c[i + 1]) / 2 for i in range(n - 1)] + [math.inf]
+    p = [cdf(b[i + 1]) - cdf(b[i]) for i in range(n)]
+    _CODEBOOKS[bits] = (np.array(c), 1.0 - sum(pi * ci * ci for pi, ci in zip(p, c)))
+    return _CODEBOOKS[bits]
+
+
+def fwht(x):
+    """Unnormalised Walsh-Hadamard transform along the last axis (a power of two)."""
+    x = np.array(x, dtype=np.float64)
+    d = x.shape[-1]
+    h = 1
+    while h < d:
+        y = x.reshape(x.shape[:-1] + (d // (2 * h), 2, h))
+        a, b = y[..., 0, :].copy(), y[..., 1, :].copy()
+        y[..., 0, :], y[..., 1, :] = a + b, a - b
+        x = y.reshape(x.shape)
+        h *= 2
+    return x
+
+
+def _tq_bits(kv_type, is_value):
+    return {"tq2": 2, "tq3": 3, "tq3.5": 4 if is_value else 3, "tq4": 4}[kv_type]
+
+
+def tq_roundtrip(x, bits, unbiased=True):
+    """TurboQuant quantize + dequantize of rows x[..., d]: rotate (R = H S / sqrt d),
+    standardise, nearest Lloyd-Max centroid, rescale (unbiased: the decoded row's
+    component along x is exact), rotate back."""
+    x = np.asarray(x, dtype=np.float64)
+    d = x.shape[-1]
+    c, _ = lloyd_max_gaussian(bits)
+    bounds = (c[1:] + c[:-1]) / 2
+    s = kv_signs(d)
+    norm = np.sqrt((x * x).sum(axis=-1, keepdims=True))
+    y = fwht(x * s) / math.sqrt(d)
+    safe = np.where(norm > 0, norm, 1.0)
+    z = y * math.sqrt(d) / safe
+    q = c[np.searchsorted(bounds, z, side="left")]
+    zc = (z * q).sum(axis=-1, keepdims=True)
+    scale = norm * math.sqrt(d) / np.where(zc > 0, zc, 1.0) if unbiased else norm / math.sqrt(d)
+    rot = np.where(norm > 0, scale, 0.0) * q
+    return fwht(rot) / math.sqrt(d) * s
+
+
+def kv_roundtrip(x, kv_type, is_value):
+    """What a cache of kv_type gives back for rows x[..., head_dim]."""
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"unknown KV type {kv_type!r}; one of {KV_TYPES}")
+    x32 = np.asarray(x, dtype=np.float64).astype(np.float32)  # the C cache stores float32 results
+    if kv_type == "f32":
+        return np.asarray(x, dtype=np.float64)
+    if kv_type == "f16":
+        return x32.astype(np.float16).astype(np.float64)
+    if kv_type == "bf16":
+        u = x32.view(np.uint32).astype(np.uint64)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # round to nearest even
+        return bf16_bits_to_f32(u.astype(np.uint16)).astype(np.float64)
+    return tq_roundtrip(x, _tq_bits(kv_type, is_value))
+
+
+# --------------------------------------------------------------------------
 # the model
 
 @dataclass
@@ -226,7 +332,7 @@ class Model:
         return self.rope_dims_full, self.theta_full
 
 
-def _layer_forward(m, L, h, pos, sliding, variant, record=None):
+def _layer_forward(m, L, h, pos, sliding, variant, record=None, kv=None):
     n = h.shape[0]
     H, Hk, D = m.n_heads, m.n_kv_heads, m.head_dim
     x = rmsnorm(h, L.attn_norm, m.eps)
@@ -238,6 +344,9 @@ def _layer_forward(m, L, h, pos, sliding, variant, record=None):
     rope_class = (not sliding) if variant == "rope_swap" else sliding
     R, theta = m.rope_of(rope_class)
     q, k = rope(q, pos, R, theta), rope(k, pos, R, theta)
+    if kv is not None:  # what the cache holds: keys after rope, values
+        kv_type = kv[1] if sliding else kv[0]
+        k, v = kv_roundtrip(k, kv_type, 0), kv_roundtrip(v, kv_type, 1)
     o = attention(q, k, v, attn_mask(n, sliding, m.window, variant), D ** -0.5)
     if variant == "gate_after_out":
         # the broken order: project first, then scale slice e of the output by gate e*H//E
@@ -266,7 +375,7 @@ def _apply_steer(steer, i, h):
     return h
 
 
-def _run(m, ids, steer, variant, capture, record=None):
+def _run(m, ids, steer, variant, capture, record=None, kv=None):
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -278,19 +387,20 @@ def _run(m, ids, steer, variant, capture, record=None):
     h = m.embedding[ids].astype(np.float64)  # no scaling, no norm
     states = []
     for i, L in enumerate(m.layers):
-        h = _layer_forward(m, L, h, pos, m.sliding[i], variant, record)
+        h = _layer_forward(m, L, h, pos, m.sliding[i], variant, record, kv)
         h = _apply_steer(steer, i, h)  # steering acts after the FFN add
         if capture:
             states.append(h)
     return h, states
 
 
-def forward(model, ids, steer=None, variant=None):
+def forward(model, ids, steer=None, variant=None, kv=None):
     """Raw logits [n, vocab] (float64) for every position of ids (positions from 0).
 
     steer: None, {layer_index: vector[hidden]} added to the residual after that
-    layer's FFN add, or a callable f(layer_index, h[n, hidden]) -> new h."""
-    h, _ = _run(model, ids, steer, variant, capture=False)
+    layer's FFN add, or a callable f(layer_index, h[n, hidden]) -> new h.
+    kv: None (exact), or (full_type, sliding_type) of a simulated KV cache."""
+    h, _ = _run(model, ids, steer, variant, capture=False, kv=kv)
     h = rmsnorm(h, model.final_norm, model.eps)
     return h @ model.head.T  # no softcap, no scale
 
@@ -545,10 +655,13 @@ def main(argv=None):
     ap.add_argument("--variant", choices=[v for v in VARIANTS if v], default=None)
     ap.add_argument("--f64", action="store_true", help="write float64 instead of float32")
     ap.add_argument("--hidden-out", help="also write hidden states [n, layers, hidden] to this .npy")
+    ap.add_argument("--kv-full", choices=KV_TYPES, default="f32", help="simulated KV format of full layers")
+    ap.add_argument("--kv-sliding", choices=KV_TYPES, default="f32", help="simulated KV format of sliding layers")
     a = ap.parse_args(argv)
     m = load_model(a.model)
     dt = np.float64 if a.f64 else np.float32
-    logits = forward(m, a.ids, variant=a.variant)
+    kv = None if (a.kv_full, a.kv_sliding) == ("f32", "f32") else (a.kv_full, a.kv_sliding)
+    logits = forward(m, a.ids, variant=a.variant, kv=kv)
     np.save(a.out, (logits if a.all else logits[-1:]).astype(dt))
     if a.hidden_out:
         np.save(a.hidden_out, hidden_states(m, a.ids, variant=a.variant).astype(dt))

@@ -5,6 +5,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/hook_opts.h"
+#include "cli/kv_opts.h"
 
 #include "spark.h"
 #include "io/npy.h"
@@ -26,22 +27,26 @@ static const char logits_usage[] =
     "  --batch N           tokens per prefill chunk (default 512)\n"
     "  --ctx N             context length (default: the model's maximum)\n"
     "  -t, --threads N     CPU threads (default: all cores)\n"
-    "  --gpu               run on the GPU (CUDA; -ngl N with N > 0 too)\n";
+    "  --gpu               run on the GPU (CUDA; -ngl N with N > 0 too)\n"
+    KV_OPTS_HELP;
 
 typedef struct logits_args {
     const char *model, *out, *ids_text;
     int all, decode, gpu;
     long batch, ctx, threads;
     hook_opts hooks;
+    kv_opts kv;
 } logits_args;
 
 static int parse_logits_args(int argc, char **argv, logits_args *a)
 {
     static const char cmd[] = "logits";
     hook_opts_init(&a->hooks);
+    kv_opts_init(&a->kv);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *v;
         int r = hook_opts_parse(&a->hooks, argc, argv, &i, cmd);
+        if (r == 0) r = kv_opts_parse(&a->kv, argc, argv, &i, cmd);
         if (r < 0) return 0;
         if (r > 0) continue;
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -123,6 +128,9 @@ int cmd_logits(int argc, char **argv)
     o.n_ctx = (int32_t)a.ctx;
     o.n_batch = (int32_t)a.batch;
     o.n_threads = (int32_t)a.threads;
+    kv_opts_apply(&a.kv, &o);
+    if ((rc = kv_check_memory("logits", model, &o, a.ctx > 0, n)) != 0) goto done;
+    rc = EXIT_RUNTIME;
     o.backend = a.gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     if (spark_session_create(model, &o, &session) != SPARK_OK) goto fail;
     size_t vocab = (size_t)spark_model_get_config(model)->n_vocab;

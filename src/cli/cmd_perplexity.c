@@ -10,6 +10,7 @@
  */
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/kv_opts.h"
 
 #include "spark.h"
 
@@ -27,21 +28,27 @@ static const char ppl_usage[] =
     "  --chunks K      score only the first K windows\n"
     "  --json          print one JSON object\n"
     "  -t N            CPU threads\n"
-    "  --gpu           run on the GPU (CUDA; -ngl N with N > 0 too)\n";
+    "  --gpu           run on the GPU (CUDA; -ngl N with N > 0 too)\n"
+    KV_OPTS_HELP;
 
 typedef struct ppl_args {
     const char *model, *file;
     long ctx, stride, chunks, threads, ngl;
     int json, gpu;
+    kv_opts kv;
 } ppl_args;
 
 static int parse_ppl(int argc, char **argv, ppl_args *a)
 {
     static const char cmd[] = "perplexity";
     a->ctx = 512;
+    kv_opts_init(&a->kv);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *v;
         long *num = NULL, lo = 1;
+        int kv = kv_opts_parse(&a->kv, argc, argv, &i, cmd);
+        if (kv < 0) return 0;
+        if (kv > 0) continue;
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
             fputs(ppl_usage, stdout);
             exit(0);
@@ -71,7 +78,7 @@ static int parse_ppl(int argc, char **argv, ppl_args *a)
             fprintf(stderr, "spark %s: unexpected argument '%s' (spark %s --help)\n", cmd, arg, cmd);
             return 0;
         }
-        if (!(v = cli_flag_value(argc, argv, &i, cmd)) || !cli_parse_int(cmd, arg, v, lo, 1 << 24, num)) return 0;
+        if (!(v = cli_flag_value(argc, argv, &i, cmd)) || !cli_parse_int(cmd, arg, v, lo, INT32_MAX, num)) return 0;
     }
     if (!a->model || !a->file) {
         fprintf(stderr, "spark perplexity: MODEL and --file are required (spark perplexity --help)\n");
@@ -143,12 +150,18 @@ int cmd_perplexity(int argc, char **argv)
     o.n_ctx = (int32_t)a.ctx;
     o.n_threads = (int32_t)a.threads;
     o.backend = a.gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
+    kv_opts_apply(&a.kv, &o);
     if (spark_model_load(a.model, &model) != SPARK_OK || spark_tokenizer_load(a.model, &tok) != SPARK_OK ||
-        spark_tokenizer_encode(tok, text, len, SPARK_ENCODE_PARSE_SPECIAL, &ids) != SPARK_OK ||
-        spark_session_create(model, &o, &s) != SPARK_OK) {
+        spark_tokenizer_encode(tok, text, len, SPARK_ENCODE_PARSE_SPECIAL, &ids) != SPARK_OK) {
         rc = cli_report_error("perplexity");
         goto done;
     }
+    if ((rc = kv_check_memory("perplexity", model, &o, 1, 0)) != 0) goto done;
+    if (spark_session_create(model, &o, &s) != SPARK_OK) {
+        rc = cli_report_error("perplexity");
+        goto done;
+    }
+    rc = EXIT_RUNTIME;
     int32_t vocab = spark_model_get_config(model)->n_vocab;
     logits = malloc((size_t)ROWS_PER_EVAL * vocab * sizeof(float));
     int total = 0;

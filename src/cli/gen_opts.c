@@ -20,6 +20,7 @@ const char gen_opts_help[] =
     "  -c, --ctx N             context length (default: the model's maximum)\n"
     "  -t, --threads N         CPU threads (default: all cores)\n"
     "  -b, --batch N           prompt tokens per forward chunk (default 512)\n"
+    KV_OPTS_HELP
     "  --gpu                   run on the GPU (CUDA; -ngl N with N > 0 is accepted too)\n"
     "  -s, --seed N            random seed (default: from the clock; printed)\n"
     "  --temp T                temperature; 0 = greedy (default: generation_config, else 1.0)\n"
@@ -42,6 +43,7 @@ void gen_opts_init(gen_opts *o, long default_n_predict)
     memset(o, 0, sizeof *o);
     o->n_predict = default_n_predict;
     o->sp = spark_sampler_default_params();
+    kv_opts_init(&o->kv);
 }
 
 static int float_opt(const char *command, const char *flag, const char *v, double lo, double hi, float *out)
@@ -146,6 +148,8 @@ static int valued_opt(gen_opts *o, const char *a, const char *v, const char *cmd
 int gen_opts_parse(gen_opts *o, int argc, char **argv, int *i, const char *command)
 {
     const char *a = argv[*i];
+    int kv = kv_opts_parse(&o->kv, argc, argv, i, command);
+    if (kv) return kv;
     if (!strcmp(a, "--chat")) return o->chat = 1;
     if (!strcmp(a, "--no-think")) return o->no_think = 1;
     if (!strcmp(a, "--show-think")) return o->show_think = 1;
@@ -214,6 +218,8 @@ int gen_env_open(gen_env *env, const gen_opts *o, const char *command)
     so.n_ctx = (int32_t)o->ctx;
     so.n_batch = (int32_t)o->batch;
     so.n_threads = (int32_t)o->threads;
+    kv_opts_apply(&o->kv, &so);
+    if (kv_check_memory(command, env->model, &so, o->ctx > 0, 1)) return EXIT_RUNTIME;
     so.backend = o->gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     if (spark_session_create(env->model, &so, &env->session) != SPARK_OK) return cli_report_error(command);
     env->sp = merge_sampling(o, spark_model_sampler_defaults(env->model));

@@ -7,6 +7,7 @@
 #ifndef SPARK_CLI_GEN_OPTS_H
 #define SPARK_CLI_GEN_OPTS_H
 
+#include "cli/kv_opts.h"
 #include "spark.h"
 
 enum { GEN_MAX_STOP = 16 };
@@ -29,6 +30,7 @@ typedef struct gen_opts {
     int chat, no_think, show_think;
     int gpu; /* --gpu / -ngl N (N > 0): run on the CUDA backend */
     const char *system;
+    kv_opts kv; /* --kv-type / --kv-bits / --kv-layers */
 } gen_opts;
 
 void gen_opts_init(gen_opts *o, long default_n_predict);

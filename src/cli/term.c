@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t interrupts;
@@ -43,14 +44,41 @@ void term_clear_interrupt(void)
     cancel_flag = 0;
 }
 
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A bar with the rate so far and the time left. Attention makes later
+ * chunks of a long prompt slower (each sees more keys), so the ETA
+ * extrapolates the rate of the chunks so far: an underestimate that
+ * corrects itself as the prompt proceeds. */
 static void show_progress(void *user, int32_t done, int32_t total)
 {
     (void)user;
+    static double start;        /* when the first chunk of this prompt finished */
+    static int32_t first, last; /* tokens done then, and at the previous call */
+    if (done <= last) last = 0; /* a new prompt */
+    if (!last) {
+        start = now_seconds();
+        first = done;
+    }
+    last = done;
+    double elapsed = now_seconds() - start;
     int width = 30, filled = (int)((int64_t)width * done / total);
     fprintf(stderr, "\r\033[2Kprompt [");
     for (int i = 0; i < width; i++) fputc(i < filled ? '#' : '.', stderr);
     fprintf(stderr, "] %d/%d", done, total);
-    if (done == total) fprintf(stderr, "\r\033[2K");
+    if (elapsed > 0 && done > first && done < total) {
+        double rate = (done - first) / elapsed, left = (total - done) / rate;
+        fprintf(stderr, "  %.0f tok/s, ETA %d:%02d", rate, (int)(left / 60), (int)left % 60);
+    }
+    if (done == total) {
+        fprintf(stderr, "\r\033[2K");
+        last = 0;
+    }
     fflush(stderr);
 }
 

@@ -17,13 +17,18 @@
 #include <stdint.h>
 
 /* One layer's KV cache. Full layers: slot = position. Sliding layers: a ring
- * of `slots` = window entries, slot = position % slots. Rows are
- * [n_head_kv * head_dim] float32, keys stored after rope. */
+ * of `slots` = window entries, slot = position % slots. Keys are stored
+ * after rope. With type SPARK_KV_F32 a slot is [n_head_kv * head_dim]
+ * float32; with any other type k and v are byte buffers whose slots hold
+ * n_head_kv rows of kv_row_bytes(type, is_value, head_dim) bytes each
+ * (engine/kv_format.h), and attention must read keys before pos0 in that
+ * format and the chunk's own keys as that format would store them. */
 typedef struct kv_layer {
-    float *k;        /* (slots, n_head_kv * head_dim) */
-    float *v;        /* (slots, n_head_kv * head_dim) */
+    float *k;        /* (slots, n_head_kv * head_dim) float32, or encoded rows */
+    float *v;        /* (slots, n_head_kv * head_dim) float32, or encoded rows */
     int64_t slots;
     int32_t window;  /* 0: full causal attention; else the sliding window */
+    spark_kv_type type;
 } kv_layer;
 
 typedef struct attn_shape {

@@ -4,15 +4,18 @@
  * forward pass in chunks of at most n_batch tokens.
  *
  * Sliding layers get a ring of exactly `sliding_window` slots (or n_ctx if
- * smaller); full layers one slot per context position. Memory is reserved
- * by the backend; on the CPU large buffers are committed lazily, so a long
- * context costs only what is used.
+ * smaller); full layers one slot per context position, each class in the
+ * format its options name (engine/kv_format.h). Memory is reserved by the
+ * backend; on the CPU large buffers are committed lazily, so a long context
+ * costs only what is used (spark_session_memory_estimate says what a full
+ * one will cost, so a caller can refuse up front).
  */
 #include "engine/session.h"
 
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "base/mem.h"
+#include "engine/kv_format.h"
 #include "engine/mutants.h"
 
 #include <math.h>
@@ -31,20 +34,23 @@ static spark_status alloc_floats(spark_session *s, int64_t count, float **out)
     return s->be->ops->alloc(s->be, (size_t)count * sizeof(float), out);
 }
 
-static spark_status alloc_kv(spark_session *s)
+/* Each layer's cache in its class's format (rows of kv_row_bytes each). */
+static spark_status alloc_kv(spark_session *s, const spark_session_options *o)
 {
     const spark_model_config *c = &s->model->cfg;
     s->kv = spark_calloc((size_t)c->n_layer, sizeof *s->kv, "KV cache table");
     if (!s->kv) return SPARK_ERR_NOMEM;
-    int64_t row = config_kv_dim(c);
     for (int i = 0; i < c->n_layer; i++) {
         kv_layer *L = &s->kv[i];
         int sliding = c->layer_kind[i] == SPARK_LAYER_SLIDING;
         int32_t window = c->sliding_window + MUTANT_WINDOW_EXTRA;
         L->window = sliding ? window : 0;
         L->slots = sliding && window < s->n_ctx ? window : s->n_ctx;
-        TRY(alloc_floats(s, L->slots * row, &L->k));
-        TRY(alloc_floats(s, L->slots * row, &L->v));
+        L->type = sliding ? o->kv_sliding : o->kv_full;
+        int64_t slot_k = c->n_head_kv * kv_row_bytes(L->type, 0, c->head_dim);
+        int64_t slot_v = c->n_head_kv * kv_row_bytes(L->type, 1, c->head_dim);
+        TRY(s->be->ops->alloc(s->be, (size_t)(L->slots * slot_k), &L->k));
+        TRY(s->be->ops->alloc(s->be, (size_t)(L->slots * slot_v), &L->v));
     }
     return SPARK_OK;
 }
@@ -86,6 +92,43 @@ static void describe_model(spark_session *s)
                             .scale = (float)(1.0 / sqrt((double)c->head_dim))};
 }
 
+/* The options' checks shared by create and the memory estimate. */
+static spark_status check_options(const spark_model *model, const spark_session_options *o)
+{
+    const spark_model_config *c = &model->cfg;
+    if (o->n_ctx < 0 || o->n_batch < 0)
+        return spark_fail(SPARK_ERR_ARG, "context %d and batch %d must not be negative", o->n_ctx, o->n_batch);
+    if (o->n_ctx > c->max_ctx)
+        return spark_fail(SPARK_ERR_ARG, "context %d exceeds the model's maximum of %d positions", o->n_ctx,
+                          c->max_ctx);
+    TRY(kv_type_check(o->kv_full, c->head_dim));
+    return kv_type_check(o->kv_sliding, c->head_dim);
+}
+
+spark_status spark_session_memory_estimate(const spark_model *model, const spark_session_options *options,
+                                           spark_session_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    spark_clear_error();
+    if (!model) return spark_fail(SPARK_ERR_ARG, "spark_session_memory_estimate: no model");
+    spark_session_options o = options ? *options : spark_session_default_options();
+    TRY(check_options(model, &o));
+    const spark_model_config *c = &model->cfg;
+    int64_t n_ctx = o.n_ctx ? o.n_ctx : c->max_ctx;
+    int64_t b = o.n_batch ? o.n_batch : DEFAULT_BATCH;
+    if (b > n_ctx) b = n_ctx;
+    kv_cost k = kv_cost_of(c, n_ctx, o.kv_full, o.kv_sliding);
+    /* the buffers of alloc_scratch and alloc_history, in floats */
+    int64_t floats = b * (3 * (int64_t)c->n_embd + config_qkv_dim(c) + c->n_head + config_q_dim(c) + 2 * (int64_t)c->n_ff) +
+                     ((int64_t)HEAD_ROWS + 1) * c->n_vocab + n_ctx;
+    *out = (spark_session_memory){.n_ctx = (int32_t)n_ctx,
+                                  .kv_per_token = k.per_token,
+                                  .kv_sliding = k.sliding,
+                                  .kv_bytes = k.per_token * (uint64_t)n_ctx + k.sliding,
+                                  .scratch_bytes = (uint64_t)floats * sizeof(float)};
+    return SPARK_OK;
+}
+
 spark_status spark_session_create(spark_model *model, const spark_session_options *options, spark_session **out)
 {
     *out = NULL;
@@ -93,11 +136,7 @@ spark_status spark_session_create(spark_model *model, const spark_session_option
     if (!model) return spark_fail(SPARK_ERR_ARG, "spark_session_create: no model");
     spark_session_options o = options ? *options : spark_session_default_options();
     const spark_model_config *c = &model->cfg;
-    if (o.n_ctx < 0 || o.n_batch < 0)
-        return spark_fail(SPARK_ERR_ARG, "context %d and batch %d must not be negative", o.n_ctx, o.n_batch);
-    if (o.n_ctx > c->max_ctx)
-        return spark_fail(SPARK_ERR_ARG, "context %d exceeds the model's maximum of %d positions", o.n_ctx,
-                          c->max_ctx);
+    TRY(check_options(model, &o));
     spark_session *s = spark_calloc(1, sizeof *s, "session");
     if (!s) return SPARK_ERR_NOMEM;
     s->model = model;
@@ -109,7 +148,10 @@ spark_status spark_session_create(spark_model *model, const spark_session_option
     if (o.backend == SPARK_BACKEND_CUDA) st = backend_cuda_create(model, o.device, &s->be); /* issue 6 */
     else if (o.backend == SPARK_BACKEND_CPU) st = backend_cpu_create(o.n_threads, &s->be);
     else st = spark_fail(SPARK_ERR_ARG, "unknown backend %d (0 = CPU, 1 = CUDA)", o.backend);
-    if (st == SPARK_OK) st = alloc_kv(s);
+    if (st == SPARK_OK && s->be->device_memory && (o.kv_full != SPARK_KV_F32 || o.kv_sliding != SPARK_KV_F32))
+        st = spark_fail(SPARK_ERR_UNSUPPORTED, "the %s backend has no %s/%s KV cache yet (use the CPU, or f32)",
+                        s->be->ops->name, spark_kv_type_name(o.kv_full), spark_kv_type_name(o.kv_sliding));
+    if (st == SPARK_OK) st = alloc_kv(s, &o);
     if (st == SPARK_OK) st = alloc_scratch(s);
     if (st == SPARK_OK) st = alloc_history(s);
     if (st != SPARK_OK) {

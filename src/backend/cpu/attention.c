@@ -10,6 +10,7 @@
  * are added with axpy_rows (the output stays in registers across the block).
  */
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/kv_turbo.h"
 
 #include <math.h>
 
@@ -122,6 +123,10 @@ static void attention_task(void *arg, int ith, int nth)
 void cpu_attention(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
                    const attn_shape *sh)
 {
+    if (cache->type != SPARK_KV_F32) { /* f16 / bf16 / TurboQuant rows: kv_turbo.c */
+        cpu_kv_coded_attention(be, out, qkv, cache, pos0, n, sh);
+        return;
+    }
     if (n >= TILED_MIN_TOKENS && cpu_attention_tiled(be, out, qkv, cache, pos0, n, sh)) return;
     cpu_backend *cb = cpu_of(be);
     attn_job a = {.cb = cb, .out = out, .qkv = qkv, .cache = cache, .pos0 = pos0, .n = n, .sh = sh};

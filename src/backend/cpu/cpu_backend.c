@@ -11,6 +11,7 @@
  * hand-off costs about a microsecond, more than adding 2560 floats.
  */
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/kv_turbo.h"
 
 #include "base/error.h"
 #include "base/mem.h"
@@ -260,6 +261,10 @@ static void cpu_rope(backend *be, float *x, int n, int64_t stride, int n_heads, 
 
 static void cpu_kv_store(backend *be, kv_layer *cache, const float *qkv, int64_t pos0, int n, const attn_shape *sh)
 {
+    if (cache->type != SPARK_KV_F32) { /* encoded rows: kv_turbo.c */
+        cpu_kv_coded_store(be, cache, qkv, pos0, n, sh);
+        return;
+    }
     int64_t kv_dim = (int64_t)sh->n_head_kv * sh->head_dim;
     int64_t q_dim = (int64_t)sh->n_head * sh->head_dim;
     int first = n > cache->slots ? n - (int)cache->slots : 0; /* a ring keeps only the newest */
