@@ -119,6 +119,9 @@ typedef struct spark_session_options {
     int32_t device;    /* SPARK_BACKEND_CUDA: the CUDA device index */
     spark_kv_type kv_full;    /* format of the full layers' caches (default F32) */
     spark_kv_type kv_sliding; /* format of the sliding layers' rings (default F32) */
+    int32_t n_rewind;  /* sliding rings keep this many positions beyond the window, so a
+                          spark_session_rewind by up to n_rewind tokens is exact and free;
+                          0 (default): rings of exactly sliding_window slots */
 } spark_session_options;
 
 /* Where a session computes. SPARK_BACKEND_CUDA copies every weight to the
@@ -179,10 +182,11 @@ typedef void (*spark_progress_callback)(void *user, int32_t done, int32_t total)
 void spark_session_set_progress(spark_session *session, spark_progress_callback cb, void *user);
 
 /* Go back to position `pos` (<= the current one), as if only the first pos
- * tokens had been evaluated. The session remembers its token ids; sliding
- * layers' rings are refilled by re-evaluating the last `sliding_window`
- * tokens before pos (their old slots were overwritten), so a rewind costs at
- * most one window of prefill. */
+ * tokens had been evaluated. A rewind by at most the session's n_rewind
+ * tokens (or any rewind of a model without sliding layers) costs nothing.
+ * Past that, the sliding rings no longer hold the window before pos (those
+ * keys depend on the whole history), so the session re-evaluates its first
+ * pos tokens, which it remembers: correct, at the price of a prefill. */
 spark_status spark_session_rewind(spark_session *session, int32_t pos);
 
 /* The token ids in the cache, in order (spark_session_pos() of them). */

@@ -8,6 +8,7 @@
  * in the middle of a worker, and shutdown is ordinary code.
  */
 #include "cli/cli_util.h"
+#include "cli/hook_opts.h"
 #include "cli/commands.h"
 #include "cli/gen_opts.h"
 
@@ -37,14 +38,30 @@ static const char serve_usage[] =
     "  -t, --threads N      CPU threads per session (default: cores / parallel)\n"
     "  --max-body BYTES     request body limit, larger gets 413 (default 4194304)\n";
 
-static int parse_serve_args(int argc, char **argv, srv_config *c)
+/* Steering for every session (--steer and its companions, as on spark run). */
+static int setup_steering(void *user, spark_model *model, spark_session *session)
+{
+    return hook_opts_apply(user, model, session, -1, "serve");
+}
+
+static const char serve_steer_help[] =
+    "  --steer FILE         steer every request: control-vector GGUF or .npy [layers, hidden]\n"
+    "  --steer-mode MODE    add (default) | ablate | clamp | renorm\n"
+    "  --steer-strength A   strength (default 1.0)\n"
+    "  --steer-layers A-B   only layers A..B\n";
+
+static int parse_serve_args(int argc, char **argv, srv_config *c, hook_opts *hooks)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long n;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(serve_usage, stdout);
+            printf("%s%s", serve_usage, serve_steer_help);
             exit(0);
+        }
+        if (!strncmp(a, "--steer", 7)) {
+            if (hook_opts_parse(hooks, argc, argv, &i, "serve") < 0) return 0;
+            continue;
         }
         static const char *const valued[] = {"-m", "--model", "--host", "--port", "--api-key", "--parallel", "-c",
                                              "--ctx", "--queue", "-t", "--threads", "--max-body", NULL};
@@ -90,7 +107,13 @@ int cmd_serve(int argc, char **argv)
     srv_config c = {.host = "127.0.0.1", .port = 8080, .parallel = 2, .queue = 64, .max_body = 4u << 20};
     const char *env_key = getenv("SPARK_API_KEY");
     if (env_key && *env_key) c.api_key = env_key;
-    if (!parse_serve_args(argc, argv, &c)) return EXIT_USAGE;
+    hook_opts hooks;
+    hook_opts_init(&hooks);
+    if (!parse_serve_args(argc, argv, &c, &hooks)) return EXIT_USAGE;
+    if (hooks.n_steer) {
+        c.setup_session = setup_steering;
+        c.setup_user = &hooks;
+    }
     if (!c.model_path) c.model_path = gen_default_model();
     /* test-only: replies replayed from a file (see src/server/script.c) */
     c.script = getenv("SPARK_SERVE_SCRIPT");

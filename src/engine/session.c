@@ -45,7 +45,8 @@ static spark_status alloc_kv(spark_session *s, const spark_session_options *o)
         int sliding = c->layer_kind[i] == SPARK_LAYER_SLIDING;
         int32_t window = c->sliding_window + MUTANT_WINDOW_EXTRA;
         L->window = sliding ? window : 0;
-        L->slots = sliding && window < s->n_ctx ? window : s->n_ctx;
+        int64_t ring = (int64_t)window + s->n_rewind; /* slack beyond the window: cheap rewinds */
+        L->slots = sliding && ring < s->n_ctx ? ring : s->n_ctx;
         L->type = sliding ? o->kv_sliding : o->kv_full;
         int64_t slot_k = c->n_head_kv * kv_row_bytes(L->type, 0, c->head_dim);
         int64_t slot_v = c->n_head_kv * kv_row_bytes(L->type, 1, c->head_dim);
@@ -96,8 +97,9 @@ static void describe_model(spark_session *s)
 static spark_status check_options(const spark_model *model, const spark_session_options *o)
 {
     const spark_model_config *c = &model->cfg;
-    if (o->n_ctx < 0 || o->n_batch < 0)
-        return spark_fail(SPARK_ERR_ARG, "context %d and batch %d must not be negative", o->n_ctx, o->n_batch);
+    if (o->n_ctx < 0 || o->n_batch < 0 || o->n_rewind < 0)
+        return spark_fail(SPARK_ERR_ARG, "context %d, batch %d and rewind slack %d must not be negative", o->n_ctx,
+                          o->n_batch, o->n_rewind);
     if (o->n_ctx > c->max_ctx)
         return spark_fail(SPARK_ERR_ARG, "context %d exceeds the model's maximum of %d positions", o->n_ctx,
                           c->max_ctx);
@@ -117,7 +119,9 @@ spark_status spark_session_memory_estimate(const spark_model *model, const spark
     int64_t n_ctx = o.n_ctx ? o.n_ctx : c->max_ctx;
     int64_t b = o.n_batch ? o.n_batch : DEFAULT_BATCH;
     if (b > n_ctx) b = n_ctx;
-    kv_cost k = kv_cost_of(c, n_ctx, o.kv_full, o.kv_sliding);
+    spark_model_config with_slack = *c; /* rings hold the window plus the rewind slack */
+    with_slack.sliding_window += o.n_rewind;
+    kv_cost k = kv_cost_of(&with_slack, n_ctx, o.kv_full, o.kv_sliding);
     /* the buffers of alloc_scratch and alloc_history, in floats */
     int64_t floats = b * (3 * (int64_t)c->n_embd + config_qkv_dim(c) + c->n_head + config_q_dim(c) + 2 * (int64_t)c->n_ff) +
                      ((int64_t)HEAD_ROWS + 1) * c->n_vocab + n_ctx;
@@ -142,6 +146,7 @@ spark_status spark_session_create(spark_model *model, const spark_session_option
     s->model = model;
     s->n_ctx = o.n_ctx ? o.n_ctx : c->max_ctx;
     s->n_batch = o.n_batch ? o.n_batch : DEFAULT_BATCH;
+    s->n_rewind = o.n_rewind;
     if (s->n_batch > s->n_ctx) s->n_batch = s->n_ctx;
     describe_model(s);
     spark_status st;
@@ -228,12 +233,15 @@ spark_status spark_session_rewind(spark_session *s, int32_t pos)
         return spark_fail(SPARK_ERR_ARG, "cannot rewind to position %d: the session holds %lld tokens", pos,
                           (long long)s->pos);
     if (pos == s->pos) return SPARK_OK;
-    /* Full layers still hold positions < pos. A ring's slots for the last
-     * window before pos were overwritten by positions >= pos: recompute them
-     * (the full layers' rows come out bit-identical, the same inputs). */
-    int64_t refill = s->model->cfg.sliding_window;
-    int64_t from = pos > refill ? pos - refill : 0;
-    s->pos = from;
-    if (from == pos) return SPARK_OK;
-    return spark_session_eval(s, s->tokens + from, (int32_t)(pos - from), NULL, 0);
+    /* Full layers still hold every position < pos. A ring still holds the
+     * window before pos when no more than its slack was written since. */
+    int has_sliding = 0;
+    for (int i = 0; i < s->model->cfg.n_layer; i++) has_sliding |= s->kv[i].window > 0;
+    int64_t back = s->pos - pos;
+    if (!has_sliding || back <= s->n_rewind) {
+        s->pos = pos;
+        return SPARK_OK;
+    }
+    s->pos = 0; /* overwritten ring slots can only be recomputed from the start */
+    return spark_session_eval(s, s->tokens, pos, NULL, 0);
 }

@@ -27,6 +27,7 @@ struct spark_session {
     spark_model *model;
     backend *be;
     int32_t n_ctx, n_batch;
+    int32_t n_rewind;     /* extra ring slots for cheap rewinds (spark_session_options) */
     int64_t pos;          /* tokens in the cache */
     int32_t *tokens;      /* (n_ctx) the ids at positions 0..pos-1, for rewind */
     float *logits;        /* (n_vocab) scratch for spark_generate */

@@ -119,6 +119,8 @@ int sched_create(server *srv, int n, const spark_session_options *so, int queue_
             fprintf(stderr, "spark serve: session %d: %s\n", i, spark_last_error());
             return -1;
         }
+        if (srv->cfg.setup_session && srv->cfg.setup_session(srv->cfg.setup_user, srv->model, sl->session))
+            return -1;
     }
     for (int i = 0; i < n; i++) {
         if (pthread_create(&s->slots[i].thread, NULL, worker_main, &s->slots[i]) != 0) {

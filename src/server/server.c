@@ -8,6 +8,8 @@
  */
 #include "server/server.h"
 
+enum { SERVER_REWIND_SLACK = 512 };
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +78,9 @@ int server_open(const srv_config *cfg, server **out)
     spark_session_options so = spark_session_default_options();
     so.n_ctx = srv->n_ctx;
     so.n_threads = threads_per_session(cfg);
+    /* a follow-up request usually shares all but the last reply's tail with the
+     * previous one: ring slack makes rewinding to the shared prefix free */
+    so.n_rewind = SERVER_REWIND_SLACK;
     if (sched_create(srv, cfg->parallel, &so, cfg->queue, &srv->sched) || http_start(srv)) {
         server_close(srv);
         return -1;

@@ -48,6 +48,10 @@ typedef struct srv_config {
     int threads;         /* CPU threads per session; 0: cores / parallel */
     size_t max_body;     /* request body limit in bytes */
     const char *script;  /* test mode: replies replayed from this file */
+    /* called for each session after it is created (e.g. to add steering);
+     * returns 0, or non-zero after printing why (the server then fails to start) */
+    int (*setup_session)(void *user, spark_model *model, spark_session *session);
+    void *setup_user;
 } srv_config;
 
 typedef struct server server;
