@@ -47,6 +47,8 @@ RUN_PROMPT    ?= And God said,
 RUN_FLAGS     ?= -n 96 --seed 7
 
 .PHONY: all run test test-fast test-asan deps sysdeps pydeps browserdeps clean gate-teeth
+# keep object files that only tests link (make would delete them as intermediates)
+.SECONDARY:
 all: sysdeps $(BUILD)/spark $(TEST_BIN) $(EXAMPLES)
 
 $(BUILD)/obj/%.o: %.c
