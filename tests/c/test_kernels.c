@@ -220,7 +220,10 @@ static void test_gemm_tile(void)
         for (int nt = 1; nt <= tw; nt += (nt < 3 ? 1 : tw / 2 - 1)) {
             cpu_pack_tokens(xp, x, cols, nt, cols, tw);
             for (int nr = 1; nr <= nr_max; nr += 3) {
-                k.gemm_tile(xp, w, ldw, nr, cols, y, nr + 1, nt);
+                /* the columns in two chunks: store, then accumulate */
+                int64_t half = cols / 2;
+                k.gemm_tile(xp, w, ldw, nr, half, y, nr + 1, nt, 0);
+                k.gemm_tile(xp + half * tw, w + half, ldw, nr, cols - half, y, nr + 1, nt, 1);
                 for (int t = 0; t < nt; t++)
                     for (int r = 0; r < nr; r++)
                         CHECK_MSG(dot_close(y[t * (nr + 1) + r], w + r * ldw, x + t * cols, cols, &worst),

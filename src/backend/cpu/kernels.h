@@ -45,10 +45,11 @@ typedef struct cpu_kernels {
     gemv_fn gemv[SPARK_DTYPE_COUNT];
     dequant_fn dequant[SPARK_DTYPE_COUNT];
 
-    /* One GEMM micro-tile: y[t*ys + r] = sum_c w[r*ldw + c] * xp[c*TW + t] for
-     * r < nr (<= TR), t < nt (<= TW). xp is a packed token group (pack_tokens). */
+    /* GEMM over a row panel: y[t*ys + r] (+)= sum_c w[r*ldw + c] * xp[c*TW + t] for
+     * r < nr, t < nt (<= TW); xp is a packed token group (cpu_pack_tokens).
+     * accumulate: add to y (a later chunk of the columns) instead of storing. */
     void (*gemm_tile)(const float *xp, const float *w, int64_t ldw, int nr, int64_t cols, float *y, int64_t ys,
-                      int nt);
+                      int nt, int accumulate);
 
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n); /* y += a x */

@@ -96,13 +96,13 @@ enum { SCALAR_TW = 8, SCALAR_TR = 4 };
 
 /* Plain triple loop over the packed layout: one running sum per output. */
 static void gemm_tile(const float *xp, const float *w, int64_t ldw, int nr, int64_t cols, float *y, int64_t ys,
-                      int nt)
+                      int nt, int accumulate)
 {
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++) {
             float s = 0;
             for (int64_t c = 0; c < cols; c++) s += w[r * ldw + c] * xp[c * SCALAR_TW + t];
-            y[t * ys + r] = s;
+            y[t * ys + r] = accumulate ? y[t * ys + r] + s : s;
         }
 }
 

@@ -8,10 +8,11 @@
  *       load. Memory-bound: the aim is the bandwidth floor.
  *   many tokens (prefill): GEMM. Tokens are packed into groups of TW
  *       (token-minor, so a vector holds TW/2 tokens of one column), each
- *       thread dequantizes a block of its rows once into a float panel that
- *       stays in L2, and every token group is multiplied against that panel
- *       with the register-tiled micro-kernel. Weight decoding is paid once
- *       per block, not once per token.
+ *       thread dequantizes a block of its rows (a column chunk at a time)
+ *       into a float panel, and every token group is multiplied against
+ *       that panel with the register-tiled micro-kernel. Weight decoding is
+ *       paid once per block, not once per token; packed tokens are read
+ *       once per block of BLOCK_TILES row tiles.
  * Each output element is computed by one thread in a fixed order, so the
  * result does not depend on the thread count.
  */
@@ -23,7 +24,8 @@
 
 enum {
     GEMM_MIN_TOKENS = 8,         /* below this, GEMV re-reads W once per 4 tokens and wins */
-    PANEL_BYTES = 384 * 1024,    /* dequantized rows per block: fits L2 next to a token group */
+    GROUP_CHUNK_BYTES = 256 * 1024, /* a token group's column chunk: stays in L2 across a block */
+    BLOCK_TILES = 4,             /* row tiles per block: the reuse of each token-group chunk */
     SERIAL_BYTES = 128 * 1024,   /* matrices smaller than this run on one thread */
     ROW_ALIGN = 16,              /* thread slices start on multiples of this many rows */
 };
@@ -46,6 +48,7 @@ typedef struct matmul_job {
     int n;
     size_t row_bytes;
     int64_t block_rows; /* GEMM: rows per dequantized panel */
+    int64_t col_chunk;  /* GEMM: columns per panel (a multiple of 256: whole blocks) */
 } matmul_job;
 
 static void gemv_task(void *arg, int ith, int nth)
@@ -78,6 +81,26 @@ static void pack_task(void *arg, int ith, int nth)
     }
 }
 
+/* One panel: rows [r0, r0 + nr) x columns [c0, c0 + nc) of W as floats, with
+ * row stride *ldw (F32 weights are used in place). */
+static const float *load_panel(const matmul_job *j, int ith, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                               int64_t *ldw)
+{
+    const weight_ref *w = j->w;
+    const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * j->row_bytes + dtype_row_bytes(w->dtype, (uint64_t)c0);
+    if (w->dtype == SPARK_DTYPE_F32) {
+        *ldw = w->cols;
+        return (const float *)src;
+    }
+    j->cb->k.dequant[w->dtype](src, j->row_bytes, nr, nc, j->cb->panel[ith]);
+    *ldw = nc;
+    return j->cb->panel[ith];
+}
+
+/* Each thread takes a contiguous range of row blocks. Per block, the columns
+ * go in chunks of col_chunk: the chunk of every token group (TW x col_chunk
+ * floats) stays in L2 while all the block's row tiles use it, so packed
+ * tokens are read from memory once per block_rows rows, not once per tile. */
 static void gemm_task(void *arg, int ith, int nth)
 {
     const matmul_job *j = arg;
@@ -88,16 +111,14 @@ static void gemm_task(void *arg, int ith, int nth)
     cpu_split(w->rows, j->block_rows, ith, nth, &lo, &hi);
     for (int64_t r0 = lo; r0 < hi; r0 += j->block_rows) {
         int64_t nr = hi - r0 < j->block_rows ? hi - r0 : j->block_rows;
-        const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * j->row_bytes;
-        const float *panel = (const float *)src;
-        if (w->dtype != SPARK_DTYPE_F32) {
-            k->dequant[w->dtype](src, j->row_bytes, nr, cols, j->cb->panel[ith]);
-            panel = j->cb->panel[ith];
-        }
-        for (int g = 0; g < groups; g++) {
-            int nt = j->n - g * tw < tw ? j->n - g * tw : tw;
-            k->gemm_tile(j->cb->packed + (int64_t)g * tw * cols, panel, cols, (int)nr, cols,
-                         j->out + (int64_t)g * tw * w->rows + r0, w->rows, nt);
+        for (int64_t c0 = 0; c0 < cols; c0 += j->col_chunk) {
+            int64_t nc = cols - c0 < j->col_chunk ? cols - c0 : j->col_chunk, ldw;
+            const float *panel = load_panel(j, ith, r0, nr, c0, nc, &ldw);
+            for (int g = 0; g < groups; g++) {
+                int nt = j->n - g * tw < tw ? j->n - g * tw : tw;
+                k->gemm_tile(j->cb->packed + ((int64_t)g * cols + c0) * tw, panel, ldw, (int)nr, nc,
+                             j->out + (int64_t)g * tw * w->rows + r0, w->rows, nt, c0 > 0);
+            }
         }
     }
 }
@@ -135,10 +156,12 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
     if ((uint64_t)j.row_bytes * (uint64_t)w->rows < SERIAL_BYTES) nth = 1;
     if (n >= GEMM_MIN_TOKENS) {
         int tw = cb->k.gemm_tokens, tr = cb->k.gemm_rows;
-        int64_t rows_fit = PANEL_BYTES / (w->cols * (int64_t)sizeof(float)) / tr * tr;
-        j.block_rows = rows_fit > tr ? rows_fit : tr;
+        j.block_rows = (int64_t)tr * BLOCK_TILES;
+        j.col_chunk = GROUP_CHUNK_BYTES / ((int64_t)tw * (int64_t)sizeof(float)) / 256 * 256;
+        if (j.col_chunk < 256) j.col_chunk = 256;
+        if (j.col_chunk > w->cols) j.col_chunk = w->cols;
         size_t groups = (size_t)(n + tw - 1) / (size_t)tw;
-        if (ensure_gemm_scratch(cb, groups * (size_t)tw * (size_t)w->cols, (size_t)j.block_rows * (size_t)w->cols)) {
+        if (ensure_gemm_scratch(cb, groups * (size_t)tw * (size_t)w->cols, (size_t)j.block_rows * (size_t)j.col_chunk)) {
             pool_run(cb->pool, pack_task, &j, pool_size(cb->pool));
             pool_run(cb->pool, gemm_task, &j, nth);
             return;
