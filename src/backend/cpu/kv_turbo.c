@@ -9,7 +9,8 @@
  * block's key and value rows are decoded once into float rows (centroids in
  * the rotated basis for TurboQuant, no per-key rotation) and reused by every
  * query row of the item, so prefill costs one decode per key per query
- * block instead of per query. Queries are rotated once (q' = R q, so
+ * block instead of per query; scores and P.V then run on the register-tiled
+ * qk_block / pv_block kernels the float32 path uses (attention_tiled.c). Queries are rotated once (q' = R q, so
  * <q', decoded k> = <q, k>); values are summed in the rotated basis and the
  * output de-rotated once. Softmax is online (running max and sum): memory
  * is O(QUERY_ROWS x head_dim) per thread whatever the context.
@@ -222,46 +223,59 @@ static void decode_block(const coded_attn *a, thread_rows *w, int kh, int64_t j0
     a->decode[1](rows[1], nk, D, w->v, D, w->vs);
 }
 
-/* Keys i0 .. i0 + cnt - 1 of the decoded block into query row r. */
-static void attend_row(const coded_attn *a, thread_rows *w, int r, int i0, int cnt)
+/* Softmax bookkeeping of query row r (position p) for the decoded block
+ * [j0, j0 + nk) whose raw scores s[] came from qk_block: apply the key rows'
+ * scales, update the running max / sum, leave in s[] the weights P.V needs
+ * (value scales folded in, invisible keys 0). */
+static void softmax_row(const coded_attn *a, thread_rows *w, int r, float *s, int64_t p, int64_t j0, int nk)
 {
     const cpu_kernels *k = &a->cb->k;
-    int D = a->sh->head_dim;
-    float *q = w->q + (int64_t)r * D, *o = w->o + (int64_t)r * D;
-    float s[KEY_BLOCK], bmax = -INFINITY;
-    const float *vrows[KEY_BLOCK];
-    for (int i = 0; i < cnt; i++) {
-        s[i] = w->ks[i0 + i] * k->dot(q, w->k + (int64_t)(i0 + i) * D, D);
-        if (s[i] > bmax) bmax = s[i];
+    int32_t window = a->cache->window;
+    /* query p sees keys j <= p, and p - j < window on sliding layers */
+    int64_t lo = (window && p - window + 1 > 0 ? p - window + 1 : 0) - j0, hi = p - j0;
+    int ja = lo > 0 ? (int)lo : 0, jb = hi < nk - 1 ? (int)hi : nk - 1;
+    if (ja > jb) {
+        memset(s, 0, sizeof(float) * (size_t)nk);
+        return;
+    }
+    float bmax = -INFINITY;
+    for (int j = ja; j <= jb; j++) {
+        s[j] *= w->ks[j];
+        bmax = s[j] > bmax ? s[j] : bmax;
     }
     if (bmax > w->max[r]) { /* a new maximum: rescale what was accumulated */
         float rescale = expf(w->max[r] - bmax);
         w->sum[r] *= rescale;
-        k->scale(o, rescale, D);
+        k->scale(w->o + (int64_t)r * a->sh->head_dim, rescale, a->sh->head_dim);
         w->max[r] = bmax;
     }
-    w->sum[r] += k->exp_sum(s, w->max[r], cnt);
-    for (int i = 0; i < cnt; i++) {
-        s[i] *= w->vs[i0 + i]; /* the value row's scale rides on its softmax weight */
-        vrows[i] = w->v + (int64_t)(i0 + i) * D;
-    }
-    k->axpy_rows(o, s, vrows, cnt, D);
+    w->sum[r] += k->exp_sum(s + ja, w->max[r], jb - ja + 1);
+    for (int j = 0; j < nk; j++) s[j] = j < ja || j > jb ? 0.0f : s[j] * w->vs[j]; /* value scale on the weight */
 }
 
+/* Every key block of the item's slice against all its query rows: scores
+ * with the register-tiled qk_block, P.V with pv_block (kernels.h). */
 static void attend_keys(const coded_attn *a, const item *it, thread_rows *w)
 {
-    int32_t window = a->cache->window;
+    const cpu_kernels *k = &a->cb->k;
+    int D = a->sh->head_dim, rows = it->nt * it->ng;
+    const float *q[QUERY_ROWS], *keys[KEY_BLOCK], *vals[KEY_BLOCK];
+    float *o[QUERY_ROWS], s[QUERY_ROWS * KEY_BLOCK];
+    for (int r = 0; r < rows; r++) {
+        q[r] = w->q + (int64_t)r * D;
+        o[r] = w->o + (int64_t)r * D;
+    }
+    for (int j = 0; j < KEY_BLOCK; j++) {
+        keys[j] = w->k + (int64_t)j * D;
+        vals[j] = w->v + (int64_t)j * D;
+    }
     for (int64_t j0 = it->klo; j0 < it->khi; j0 += KEY_BLOCK) {
         int nk = it->khi - j0 < KEY_BLOCK ? (int)(it->khi - j0) : KEY_BLOCK;
         decode_block(a, w, it->kh, j0, nk);
-        for (int t = 0; t < it->nt; t++) {
-            /* query p sees keys j <= p, and p - j < window on sliding layers */
-            int64_t p = a->pos0 + it->t0 + t;
-            int64_t lo = window && p - window + 1 > j0 ? p - window + 1 : j0;
-            int64_t hi = p + 1 < j0 + nk ? p + 1 : j0 + nk;
-            if (lo >= hi) continue;
-            for (int g = 0; g < it->ng; g++) attend_row(a, w, t * it->ng + g, (int)(lo - j0), (int)(hi - lo));
-        }
+        k->qk_block(s, KEY_BLOCK, q, rows, keys, nk, D, 1.0f); /* the softmax scale is in q already */
+        for (int r = 0; r < rows; r++)
+            softmax_row(a, w, r, s + r * KEY_BLOCK, a->pos0 + it->t0 + r / it->ng, j0, nk);
+        k->pv_block(o, s, KEY_BLOCK, rows, vals, nk, D);
     }
 }
 
