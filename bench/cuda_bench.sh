@@ -3,7 +3,13 @@
 # one go (issue 6). Writes every log under $OUT (default /tmp/cuda-bench) and
 # prints a short summary last.
 #
-#   bash bench/cuda_bench.sh [quick|full]
+#   bash bench/cuda_bench.sh [quick|full|ab]
+#
+# ab (one device call, ~7 min): the fast decode path (default) against the
+# first backend's kernels (SPARK_CUDA_FAST=0) and its parts (SPARK_CUDA_FUSE=0,
+# SPARK_CUDA_PDL=0): correctness of each, decode at ctx ~512 for each, then
+# prefill 512, decode at ctx ~32k, tests, memcheck and an ncu kernel table
+# of the fast path. The models are written in the background during the build.
 #
 # Stages, each under its own time limit, each continuing after a failure:
 #   deps    system headers/libraries missing there are unpacked from
@@ -49,11 +55,20 @@ if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -
     note "deps: unpacked .devdeps into $SYS"
 fi
 
+SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
+if [ "$MODE" = ab ]; then
+    ( timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/models.log" 2>&1
+      timeout 240 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1
+      echo done >/tmp/models.done ) &
+fi
+
 # ---- build --------------------------------------------------------------------
 stamp build
 CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
 LIBS="-fopenmp ${LDFLAGS:-} -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
-if timeout 300 make -j"$(nproc)" BUILD=build-gpu build-gpu/spark >"$OUT/build.log" 2>&1 &&
+NVFLAGS=()
+[ "$MODE" = ab ] && NVFLAGS=(NVCCFLAGS="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a") # sm_90 only: faster build
+if timeout 300 make -j"$(nproc)" BUILD=build-gpu "${NVFLAGS[@]}" build-gpu/spark >"$OUT/build.log" 2>&1 &&
     gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -o build-gpu/cuda_bench bench/cuda_bench.c build-gpu/libspark.a $LIBS \
         >>"$OUT/build.log" 2>&1; then
     note "build: ok"
@@ -76,6 +91,109 @@ for _ in range(10):
 ts.sort(); t = ts[len(ts) // 2] / 1e3
 print(f"probe: d2d copy of 2 GiB: median {t*1e3:.3f} ms = {2 * x.numel() / t / 1e12:.2f} TB/s (read + write)")
 EOF
+
+
+# ---- ab: the fast decode path against the first kernels, in one call ----------
+if [ "$MODE" = ab ]; then
+    stamp "ab: waiting for the models"
+    for _ in $(seq 240); do [ -f /tmp/models.done ] && break; sleep 1; done
+    tee -a "$SUMMARY" <"$OUT/models.log"
+    stamp "ab: check (4B shape, 4 layers, 600 tokens; GPU vs CPU per variant)"
+    timeout 150 python3 - >"$OUT/check.log" 2>&1 <<'EOF2'
+import os, subprocess, numpy as np
+spark = os.environ["SPARK_BIN"]
+ids = ",".join(str(i) for i in np.random.default_rng(5).integers(3, 131072, 600))
+def run(out, *extra, env=None):
+    subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ids, "--out", out, "--all", *extra], check=True,
+                   env=dict(os.environ, SPARK_CUDA_VERBOSE="1", **(env or {})))
+    return np.load(out).astype(np.float64)
+def rel(a, b): return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
+cpu = run("/tmp/c.npy")
+pre = run("/tmp/p.npy", "--gpu")
+print(f"check prefill gpu vs cpu: max rel L2 {rel(pre, cpu).max():.3g}", flush=True)
+for name, env in (("fast", {}), ("old (FAST=0)", {"SPARK_CUDA_FAST": "0"}), ("FUSE=0", {"SPARK_CUDA_FUSE": "0"}),
+                  ("PDL=0", {"SPARK_CUDA_PDL": "0"})):
+    try:
+        dec = run("/tmp/d.npy", "--mode", "decode", "--gpu", env=env)
+        e, f = rel(dec, cpu), rel(dec, pre)
+        print(f"check decode {name}: vs cpu max rel L2 {e.max():.3g} (mean {e.mean():.3g}); vs gpu prefill {f.max():.3g}"
+              f"{'  OK' if e.max() <= 1e-3 and np.isfinite(dec).all() else '  FAIL'}", flush=True)
+    except Exception as ex:
+        print(f"check decode {name}: FAILED to run: {ex}", flush=True)
+EOF2
+    grep -E "^check|graph captures" "$OUT/check.log" | tee -a "$SUMMARY" || tail -20 "$OUT/check.log"
+    FASTOK=1
+    grep -q "check decode fast:.*OK" "$OUT/check.log" || FASTOK=0
+    note "fast path correct on the 4B-shaped check: $FASTOK"
+
+    stamp "ab: bench (36 layers)"
+    nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks before: /' | tee -a "$SUMMARY"
+    bench() { timeout "$1" build-gpu/cuda_bench /tmp/m4b "${@:2}" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(model|prefill|decode)|error|rror" | tee -a "$SUMMARY"; }
+    note "-- fast path (default):"
+    bench 60 --ctx 4096 --prefill 512 --decode 256
+    note "-- first kernels (SPARK_CUDA_FAST=0):"
+    SPARK_CUDA_FAST=0 bench 60 --ctx 4096 --prefill 512 --decode 128
+    note "-- fgemv without fusion (SPARK_CUDA_FUSE=0):"
+    SPARK_CUDA_FUSE=0 bench 60 --ctx 4096 --prefill 512 --decode 128
+    note "-- fused without programmatic launches (SPARK_CUDA_PDL=0):"
+    SPARK_CUDA_PDL=0 bench 60 --ctx 4096 --prefill 512 --decode 128
+    note "-- fast path again (spread):"
+    bench 60 --ctx 4096 --prefill 512 --decode 256
+    note "-- ctx 32k, fast path$([ $FASTOK = 1 ] || echo ' (FAST=0: the fast path failed its check)'):"
+    if [ $FASTOK = 1 ]; then bench 120 --ctx 32768 --prefill 32512 --decode 128
+    else SPARK_CUDA_FAST=0 bench 120 --ctx 32768 --prefill 32512 --decode 128; fi
+    nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks after: /' | tee -a "$SUMMARY"
+
+    stamp "ab: tests (fast path)"
+    export SPARK_CUDA_REPORT=/tmp/errors.jsonl # (at most 8 files come back from \$OUT)
+    : >"$SPARK_CUDA_REPORT"
+    PYTHONPATH=tools:tests/py timeout 140 python3 -m pytest -q -x -p no:cacheprovider -rfEs tests/py/test_cuda.py \
+        >"$OUT/tests.log" 2>&1
+    tail -8 "$OUT/tests.log" | tee -a "$SUMMARY"
+    python3 -c "
+import json; rows=[json.loads(l) for l in open('$SPARK_CUDA_REPORT')]
+w=max(rows, key=lambda r: r['max_rel_l2']) if rows else None
+print(f'errors: {len(rows)} checks recorded; worst {w}')" 2>&1 | tee -a "$SUMMARY"
+
+    stamp "ab: memcheck (fast path)"
+    IDS=$(python3 -c "print(','.join(str(i) for i in range(3, 43)))")
+    timeout 45 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+        $SPARK logits models/spark-tiny --ids "$IDS" --all --mode decode --gpu --out /tmp/s.npy >"$OUT/sanitizer.log" 2>&1
+    note "memcheck spark-tiny decode: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+    if [ $(($(date +%s) - T0)) -lt 420 ]; then
+        timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+            $SPARK logits /tmp/m4b2 --ids 5,6,7,8 --all --mode decode --gpu --ctx 1024 --out /tmp/s.npy >/tmp/san2.log 2>&1
+        note "memcheck 4B-shape 4 layers decode: rc=$? $(grep -E 'ERROR SUMMARY' /tmp/san2.log | tail -1)"
+        cat /tmp/san2.log >>"$OUT/sanitizer.log"
+    else
+        note "memcheck 4B-shape: skipped (time)"
+    fi
+
+    LEFT=$((505 - ($(date +%s) - T0)))
+    [ $LEFT -gt 60 ] && LEFT=60
+    if [ $LEFT -lt 15 ]; then stamp "ab: ncu skipped (time)"; exit 0; fi
+    stamp "ab: ncu (fast path, graph nodes, ${LEFT}s)"
+    timeout $LEFT ncu --clock-control none --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+        $SPARK logits /tmp/m4b2 --ids 5,6,7 --mode decode --gpu --ctx 1024 --out /tmp/n.npy >"$OUT/ncu.log" 2>&1
+    python3 - "$OUT/ncu.log" <<'EOF2' 2>&1 | tee -a "$SUMMARY"
+import csv, sys, collections
+rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
+h = rows[0]; kn, mn, mv = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
+t, b, cnt = collections.Counter(), collections.Counter(), collections.Counter()
+for r in rows[1:]:
+    name = r[kn].replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0]
+    if "fgemv" in name and "Grid Size" in h: name += " grid " + r[h.index("Grid Size")]
+    try: v = float(r[mv].replace(",", ""))
+    except ValueError: continue
+    if r[mn].startswith("gpu__time"): t[name] += v; cnt[name] += 1
+    else: b[name] += v
+print(f"ncu: {sum(cnt.values())} kernels, {sum(t.values()) / 1e3:.1f} us over 3 single-token steps (4 layers + head; first step prefill-free)")
+for k, v in t.most_common(16):
+    print(f"ncu: {v / 1e3:9.1f} us {cnt[k]:4d}x avg {v / cnt[k] / 1e3:7.2f} us  {b[k] / v / 1e3 if v else 0:6.2f} TB/s  {k}")
+EOF2
+    stamp done
+    exit 0
+fi
 
 # ---- check: 4B-shaped 2-layer bf16 model, GPU vs CPU ----------------------------
 stamp check

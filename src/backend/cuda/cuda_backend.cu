@@ -10,6 +10,9 @@
  * buffers, exactly the CPU backend's layout, so forward.c runs unchanged.
  *
  * Matrix products:
+ *   n == 1, bf16 weights           fgemv (the fast decode path, SPARK_CUDA_FAST=0
+ *                                  turns it off); inside a recorded decode step
+ *                                  fused with its neighbours (see fuse);
  *   n <= 2 * CUDA_GEMV_MAX_TOKENS  GEMV kernels (cuda_kernels.cu), fp32 x;
  *   bf16 weights, more tokens      cuBLAS bf16 tensor-core GEMM, run twice on
  *                                  x split as bf16 hi + lo, fp32 accumulate:
@@ -74,6 +77,14 @@ struct cuda_backend {
     size_t nq, qcap, ngq;
     cudaGraphExec_t exec;
     long captures, replays;
+    /* the fast decode path (SPARK_CUDA_FAST, default on): fgemv for single
+     * tokens, and recorded steps rewritten into fused commands (fuse) and
+     * captured with programmatic dependent launches (pdl) */
+    int fast, fuse_on, pdl_on;
+    int pdl_now;     /* launches now get the PDL attribute (during a capture) */
+    cmd *fq;         /* the fused form of q */
+    size_t nfq, fqcap;
+    long fused;      /* commands the last fusion removed */
 };
 
 cuda_backend *cuda_of(backend *be) { return (cuda_backend *)be; }
@@ -244,11 +255,14 @@ void cuda_destroy(backend *be)
     use_device(cb);
     if (cb->st) cudaStreamSynchronize(cb->st);
     if (getenv("SPARK_CUDA_VERBOSE"))
-        fprintf(stderr, "spark: CUDA backend: %ld decode-step graph captures, %ld replays\n", cb->captures,
-                cb->replays);
+        fprintf(stderr,
+                "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
+                "fusion: %ld commands -> %zu\n",
+                cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq);
     if (cb->exec) cudaGraphExecDestroy(cb->exec);
     free(cb->q);
     free(cb->gq);
+    free(cb->fq);
     cudaFree(cb->d_pos);
     for (size_t i = 0; i < cb->cap; i++)
         if (cb->tab[i].host) cudaFree(cb->tab[i].dev);
@@ -264,7 +278,9 @@ void cuda_destroy(backend *be)
 
 /* ---- commands: every op, its arguments resolved to device memory ------------- */
 
-enum cmd_op { OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_ATTN, OP_KV, OP_GATE, OP_GELU, OP_ADD };
+enum cmd_op { OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_ATTN, OP_KV, OP_GATE, OP_GELU, OP_ADD,
+              OP_FGEMV, /* fused: [rmsnorm] + 1-2 matmuls [+ gelu-mul | + residual add] (fg) */
+              OP_ROPEKV /* fused: rope q, rope k, kv store (before the attention that follows) */ };
 
 /* Zero-filled before use, so two commands compare equal bytewise exactly
  * when they launch the same work (padding included). No field depends on
@@ -279,6 +295,7 @@ struct cmd {
     const void *w;
     const int32_t *ids;
     cu_attn_args attn;
+    cu_fgemv_args fg;
 };
 
 /* bf16 weights, many tokens: tensor-core GEMM on x = hi + lo (two bf16 halves). */
@@ -331,7 +348,18 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_EMBED: CK(cu_embed(st, c->out, c->w, c->dtype, c->cols, c->row_bytes, c->ids, c->n)); return;
     case OP_RMSNORM: CK(cu_rmsnorm(st, c->out, c->x, c->y, c->n, (int)c->cols, c->eps)); return;
     case OP_MATMUL:
-        if (c->n <= 2 * CUDA_GEMV_MAX_TOKENS) { /* decode: stream the weights once per 4 tokens */
+        if (c->n == 1 && cb->fast && c->dtype == SPARK_DTYPE_BF16 &&
+            cu_fgemv_ok(c->cols, c->row_bytes, c->w, c->rows) && ((uintptr_t)c->x % 16) == 0) {
+            cu_fgemv_args a;
+            memset(&a, 0, sizeof a);
+            a.w0 = c->w;
+            a.out0 = c->out;
+            a.x = c->x;
+            a.rows0 = c->rows;
+            a.row_bytes = c->row_bytes;
+            a.cols = (int)c->cols;
+            CK(cu_fgemv(st, &a, cb->sms, cb->pdl_now));
+        } else if (c->n <= 2 * CUDA_GEMV_MAX_TOKENS) { /* decode: stream the weights once per 4 tokens */
             for (int t0 = 0; t0 < c->n; t0 += CUDA_GEMV_MAX_TOKENS) {
                 int nt = c->n - t0 < CUDA_GEMV_MAX_TOKENS ? c->n - t0 : CUDA_GEMV_MAX_TOKENS;
                 CK(cu_gemv(st, c->out + (int64_t)t0 * c->rows, c->x + (int64_t)t0 * c->cols, c->w, c->dtype, c->rows,
@@ -346,7 +374,17 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_ROPE:
         CK(cu_rope(st, c->out, c->n, c->stride, c->heads, c->head_dim, cb->d_pos, c->rot_dims, c->theta));
         return;
-    case OP_ATTN: CK(cu_attention(st, &c->attn)); return;
+    case OP_ATTN: {
+        cu_attn_args a = c->attn;
+        a.pdl = cb->pdl_now;
+        CK(cu_attention(st, &a));
+        return;
+    }
+    case OP_FGEMV: CK(cu_fgemv(st, &c->fg, cb->sms, cb->pdl_now)); return;
+    case OP_ROPEKV:
+        CK(cu_rope_kv(st, c->out, c->heads, (int)c->rows, c->head_dim, cb->d_pos, c->rot_dims, c->theta, c->k, c->v,
+                      c->slots, cb->pdl_now));
+        return;
     case OP_KV:
         CK(cu_kv_store(st, c->k, c->v, c->slots, c->x, cb->d_pos, c->n, c->heads, (int)c->rows, c->head_dim,
                        c->stride));
@@ -380,6 +418,170 @@ void record(cuda_backend *cb, const cmd *c)
     memcpy(&cb->q[cb->nq++], c, sizeof *c);
 }
 
+
+/* ---- fusion of a recorded decode step --------------------------------------- */
+/*
+ * The forward pass issues a layer as ~16 small ops; a recorded single-token
+ * step is rewritten here into fewer launches, by patterns that check every
+ * buffer they rely on (anything that does not match runs as recorded):
+ *
+ *   rmsnorm(xn <- x); matmul(a <- xn); [matmul(b <- xn); [gelu_mul(a, b)]]
+ *       -> one fgemv: the norm in its x load, block 0 still writing xn;
+ *          two matmuls as two row segments of one launch (qkv + gate), or
+ *          as a gate/up pair with the GELU-mul in the epilogue (ffn);
+ *   matmul(p <- a); add(x += p)      -> one fgemv writing p and x += p;
+ *   rope(q); rope(k); attention; kv_store
+ *       -> rope_kv (rope both, store k/v), then attention: the store moves
+ *          before the attention, safe because the slot of the current
+ *          position is never one the attention reads (rings hold >= window
+ *          slots, full layers >= n_ctx);
+ *   attention; gate_heads(attn, g) -> attention with the gate in its output.
+ *
+ * Every buffer ends the step as the unfused ops leave it (xn, the matmul
+ * outputs, the gated attention, the cache), so nothing downstream can tell.
+ */
+
+cmd new_cmd(int op, int n);
+
+bool fg_matmul_ok(const cmd *m)
+{
+    return m->op == OP_MATMUL && m->n == 1 && m->dtype == SPARK_DTYPE_BF16 &&
+           cu_fgemv_ok(m->cols, m->row_bytes, m->w, m->rows);
+}
+
+bool al16(const void *p) { return ((uintptr_t)p % 16) == 0; }
+
+void fq_push(cuda_backend *cb, const cmd *c)
+{
+    if (cb->nfq == cb->fqcap) {
+        size_t ncap = cb->fqcap ? 2 * cb->fqcap : 1024;
+        cmd *nq = (cmd *)realloc(cb->fq, ncap * sizeof *nq);
+        if (!nq) cuda_fatal("realloc", "out of host memory for the fused command queue", __LINE__);
+        cb->fq = nq;
+        cb->fqcap = ncap;
+    }
+    cb->fq[cb->nfq++] = *c;
+}
+
+void fuse(cuda_backend *cb)
+{
+    const cmd *q = cb->q;
+    const size_t n = cb->nq;
+    cb->nfq = 0;
+    size_t i = 0;
+    while (i < n) {
+        const cmd *c = &q[i];
+        /* rmsnorm + matmul(s) [+ gelu_mul] */
+        if (c->op == OP_RMSNORM && c->n == 1 && i + 1 < n && fg_matmul_ok(&q[i + 1]) && q[i + 1].x == c->out &&
+            q[i + 1].cols == c->cols && al16(c->x) && al16(c->y) && al16(c->out) && c->cols % 4 == 0 &&
+            c->out != c->x && q[i + 1].out != c->x) {
+            /* (no output may be the input x: blocks load x at different times) */
+            const cmd *m1 = &q[i + 1];
+            cmd f = new_cmd(OP_FGEMV, 1);
+            cu_fgemv_args *a = &f.fg;
+            a->x = c->x;
+            a->nw = c->y;
+            a->eps = c->eps;
+            a->xn = c->out;
+            a->w0 = m1->w;
+            a->out0 = m1->out;
+            a->rows0 = m1->rows;
+            a->row_bytes = m1->row_bytes;
+            a->cols = (int)m1->cols;
+            size_t used = 2;
+            const cmd *m2 = i + 2 < n ? &q[i + 2] : NULL;
+            if (m2 && fg_matmul_ok(m2) && m2->x == c->out && m2->cols == m1->cols && m2->row_bytes == m1->row_bytes &&
+                m2->out != m1->out && m2->out != c->x) {
+                const cmd *g = i + 3 < n ? &q[i + 3] : NULL;
+                if (g && g->op == OP_GELU && g->out == m1->out && g->x == m2->out && g->count == m1->rows &&
+                    m2->rows == m1->rows) {
+                    a->pair = 1;
+                    a->w1 = m2->w;
+                    a->out1 = m2->out;
+                    a->rows1 = m2->rows;
+                    used = 4;
+                } else if (m1->rows + m2->rows < ((int64_t)1 << 31)) {
+                    a->w1 = m2->w;
+                    a->out1 = m2->out;
+                    a->rows1 = m2->rows;
+                    used = 3;
+                }
+            }
+            fq_push(cb, &f);
+            i += used;
+            continue;
+        }
+        /* matmul + residual add */
+        if (fg_matmul_ok(c) && al16(c->x) && i + 1 < n && q[i + 1].op == OP_ADD && q[i + 1].x == c->out &&
+            q[i + 1].count == c->rows && q[i + 1].out != c->x && q[i + 1].out != c->out && c->out != c->x) {
+            cmd f = new_cmd(OP_FGEMV, 1);
+            cu_fgemv_args *a = &f.fg;
+            a->x = c->x;
+            a->w0 = c->w;
+            a->out0 = c->out;
+            a->resid = q[i + 1].out;
+            a->rows0 = c->rows;
+            a->row_bytes = c->row_bytes;
+            a->cols = (int)c->cols;
+            fq_push(cb, &f);
+            i += 2;
+            continue;
+        }
+        /* rope q + rope k + attention + kv store [+ gate] */
+        if (c->op == OP_ROPE && c->n == 1 && i + 3 < n && q[i + 1].op == OP_ROPE && q[i + 2].op == OP_ATTN &&
+            q[i + 3].op == OP_KV) {
+            const cmd *r2 = &q[i + 1], *at = &q[i + 2], *kv = &q[i + 3];
+            const cu_attn_args *aa = &at->attn;
+            const int64_t q_dim = (int64_t)aa->n_head * aa->head_dim;
+            bool ok = aa->n == 1 && r2->n == 1 && kv->n == 1 && c->out == aa->qkv && c->heads == aa->n_head &&
+                      c->head_dim == aa->head_dim && c->stride == aa->qkv_stride && r2->out == aa->qkv + q_dim &&
+                      r2->heads == aa->n_head_kv && r2->head_dim == aa->head_dim && r2->rot_dims == c->rot_dims &&
+                      r2->theta == c->theta && r2->stride == aa->qkv_stride && kv->x == aa->qkv &&
+                      kv->k == aa->kc && kv->v == aa->vc && kv->slots == aa->slots && kv->heads == aa->n_head &&
+                      kv->rows == aa->n_head_kv && kv->head_dim == aa->head_dim && kv->stride == aa->qkv_stride &&
+                      (aa->window == 0 || aa->slots >= aa->window) && c->rot_dims <= aa->head_dim &&
+                      aa->head_dim <= 1024;
+            if (ok) {
+                cmd f = new_cmd(OP_ROPEKV, 1);
+                f.out = c->out;
+                f.heads = aa->n_head;
+                f.rows = aa->n_head_kv;
+                f.head_dim = aa->head_dim;
+                f.rot_dims = c->rot_dims;
+                f.theta = c->theta;
+                f.k = kv->k;
+                f.v = kv->v;
+                f.slots = aa->slots;
+                fq_push(cb, &f);
+                cmd a2 = *at;
+                size_t used = 4;
+                const cmd *g = i + 4 < n ? &q[i + 4] : NULL;
+                if (g && g->op == OP_GATE && g->n == 1 && g->out == aa->out && g->heads == aa->n_head &&
+                    g->head_dim == aa->head_dim) {
+                    a2.attn.gate = g->x;
+                    used = 5;
+                }
+                fq_push(cb, &a2);
+                i += used;
+                continue;
+            }
+        }
+        /* attention + gate */
+        if (c->op == OP_ATTN && c->attn.n == 1 && i + 1 < n && q[i + 1].op == OP_GATE && q[i + 1].n == 1 &&
+            q[i + 1].out == c->attn.out && q[i + 1].heads == c->attn.n_head && q[i + 1].head_dim == c->attn.head_dim) {
+            cmd a2 = *c;
+            a2.attn.gate = q[i + 1].x;
+            fq_push(cb, &a2);
+            i += 2;
+            continue;
+        }
+        fq_push(cb, c);
+        i++;
+    }
+    cb->fused = (long)n - (long)cb->nfq;
+}
+
+/* Capture the recorded step (fused when the fast path is on) as a graph. */
 bool capture(cuda_backend *cb)
 {
     cudaGraph_t g = NULL;
@@ -387,7 +589,16 @@ bool capture(cuda_backend *cb)
         cudaGetLastError();
         return false;
     }
-    for (size_t i = 0; i < cb->nq; i++) run_cmd(cb, &cb->q[i]);
+    const cmd *list = cb->q;
+    size_t count = cb->nq;
+    if (cb->fast && cb->fuse_on) {
+        fuse(cb);
+        list = cb->fq;
+        count = cb->nfq;
+    }
+    cb->pdl_now = cb->pdl_on;
+    for (size_t i = 0; i < count; i++) run_cmd(cb, &list[i]);
+    cb->pdl_now = 0;
     cudaError_t e = cudaStreamEndCapture(cb->st, &g);
     if (e == cudaSuccess && g) e = cudaGraphInstantiate(&cb->exec, g, 0);
     if (g) cudaGraphDestroy(g);
@@ -418,7 +629,12 @@ void flush(cuda_backend *cb)
         if (cb->exec) cudaGraphExecDestroy(cb->exec);
         cb->exec = NULL;
         cb->captures++;
-        if (!capture(cb)) { /* not capturable here: run it as it is, and stop trying */
+        bool ok = capture(cb);
+        if (!ok && cb->pdl_on) { /* programmatic launches not capturable here: without them */
+            cb->pdl_on = 0;
+            ok = capture(cb);
+        }
+        if (!ok) { /* not capturable here: run it as it is, and stop trying */
             cb->graphs = 0;
             for (size_t i = 0; i < cb->nq; i++) run_cmd(cb, &cb->q[i]);
             return;
@@ -716,6 +932,21 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     CKB(cublasSetStream(cb->blas, cb->st));
     const char *g = getenv("SPARK_CUDA_GRAPH");
     cb->graphs = !(g && !strcmp(g, "0"));
+    /* SPARK_CUDA_FAST=0: the first backend's kernels only (no fgemv, no
+     * fusion, no programmatic launches); SPARK_CUDA_FUSE=0 / SPARK_CUDA_PDL=0
+     * turn off one part of the fast path */
+    const char *f = getenv("SPARK_CUDA_FAST");
+    cb->fast = !(f && !strcmp(f, "0"));
+    const char *fu = getenv("SPARK_CUDA_FUSE");
+    cb->fuse_on = cb->fast && !(fu && !strcmp(fu, "0"));
+    const char *pd = getenv("SPARK_CUDA_PDL");
+    cb->pdl_on = cb->fast && prop.major >= 9 && !(pd && !strcmp(pd, "0"));
+    if (cb->pdl_on && !cu_pdl_probe(cb->st)) cb->pdl_on = 0; /* not capturable here: plain launches */
+    if (cb->fast) {
+        cu_fgemv_prepare(c->n_embd);
+        cu_fgemv_prepare(c->n_ff);
+        cu_fgemv_prepare((int64_t)c->n_head * c->head_dim);
+    }
     CK(cudaMalloc((void **)&cb->d_pos, sizeof(int64_t)));
     scratch((void **)&cb->ids, &cb->ids_bytes, 4096 * sizeof(int32_t));
     /* the most a single-token attention needs: n_head x splits x (head_dim + 2) */

@@ -64,7 +64,48 @@ typedef struct cu_attn_args {
     int64_t slots, qkv_stride;
     int n, n_head, n_head_kv, head_dim, window, splits;
     float scale;
+    const float *gate; /* non-NULL: out[t, h, :] *= sigmoid(gate[t * n_head + h]) (the head gate, fused) */
+    int pdl;           /* launch as a programmatic dependent of the previous kernel (sm_90) */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
+
+/* ---- the fast decode path (SPARK_CUDA_FAST, single token, bf16 weights) ----
+ *
+ * fgemv: out = W . x for one token, W bf16 in one or two row segments
+ * (rows0 rows of w0, then rows1 of w1, into out0 / out1), every row split
+ * over KS warps and every warp keeping its whole segment's 16-byte loads in
+ * flight; the grid is sized to the multiprocessors (cu_fgemv picks the split
+ * and the blocks per SM). Fused, on request:
+ *   nw != NULL   x is first RMS-normalised with weight nw (eps); block 0
+ *                also writes the normalised x to xn (when non-NULL);
+ *   resid        resid[r] += out0[r] (the residual add after out/down);
+ *   pair         w0 / w1 are the FFN gate / up matrices (rows0 each):
+ *                out0[r] = gelu_erf(gate_r . x) * (up_r . x), out1[r] = up_r . x.
+ * Weights are read before the dependency wait (they never change), so under
+ * programmatic dependent launch (pdl) the loads overlap the previous kernel. */
+typedef struct cu_fgemv_args {
+    const void *w0, *w1;
+    float *out0, *out1, *resid, *xn;
+    const float *x, *nw;
+    int64_t rows0, rows1, row_bytes;
+    int cols, pair;
+    float eps;
+} cu_fgemv_args;
+
+/* Whether cu_fgemv takes this shape (else use cu_gemv). */
+int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows);
+cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl);
+/* Look up the kernels' occupancy for rows of `cols` now, outside any graph capture. */
+void cu_fgemv_prepare(int64_t cols);
+
+/* Rope on the q and k heads of one token's qkv row (position *pos), and its
+ * k (rotated) and v rows stored into cache slot *pos % slots: the two rope
+ * ops and the kv store of a decode step in one launch. */
+cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, int head_dim, const int64_t *pos,
+                       int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl);
+
+/* Whether a graph captured from programmatic dependent launches runs here
+ * (checked once, at backend creation; synchronizes `st`). */
+bool cu_pdl_probe(cudaStream_t st);
 
 #endif

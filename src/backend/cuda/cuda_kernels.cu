@@ -6,7 +6,8 @@
  * Decode at batch 1 is a stream over the weights, so the GEMVs are built
  * for bytes in flight: one warp per output row, 16-byte loads, several
  * loads issued before the first is used. Everything else is small and only
- * has to be right and not wasteful. Numbers follow the CPU backend: fp32
+ * has to be right and not wasteful. The fast decode path (fgemv, rope_kv,
+ * the gate inside attention) is at the end: fused launches for one token. Numbers follow the CPU backend: fp32
  * activations and accumulation, rope angles in double, exact erf GELU.
  */
 #include "backend/cuda/cuda_internal.h"
@@ -14,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <string.h>
 #include <type_traits>
 
 namespace {
@@ -27,6 +29,26 @@ __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
+
+/* Programmatic dependent launch (sm_90): `pdl_wait` blocks until the kernels
+ * this one depends on have finished and their writes are visible (a no-op
+ * when it was launched without the attribute); `pdl_release` lets the next
+ * kernel in the stream start launching now. Every kernel that may be launched
+ * with the attribute waits before it touches anything a predecessor writes
+ * or reads (activations, caches): only constant weights are read earlier. */
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_release()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
 
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float b2f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
@@ -356,6 +378,8 @@ constexpr int ATT_WARPS = 4;
 template <int E, int GMAX>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args a)
 {
+    pdl_wait();
+    pdl_release();
     const int D = a.head_dim, G = a.n_head / a.n_head_kv;
     const int t = blockIdx.x / a.n_head_kv, kh = blockIdx.x % a.n_head_kv, split = blockIdx.y;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -445,7 +469,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
         }
         int h = kh * G + g;
         if (a.splits == 1) {
-            a.out[((int64_t)t * a.n_head + h) * D + d] = A / L;
+            float o = A / L;
+            if (a.gate) o *= 1.0f / (1.0f + expf(-a.gate[(int64_t)t * a.n_head + h]));
+            a.out[((int64_t)t * a.n_head + h) * D + d] = o;
         } else {
             float *ws = a.ws + (((int64_t)t * a.n_head + h) * a.splits + split) * (D + 2);
             if (d == 0) {
@@ -458,8 +484,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
 }
 
 /* One block per (token, head): merge the splits' partial softmax states. */
-__global__ void attention_merge_kernel(float *out, const float *ws, int splits, int head_dim)
+__global__ void attention_merge_kernel(float *out, const float *ws, int splits, int head_dim, const float *gate)
 {
+    pdl_wait();
+    pdl_release();
     const float *base = ws + (int64_t)blockIdx.x * splits * (head_dim + 2);
     float M = -INFINITY;
     for (int s = 0; s < splits; s++) M = fmaxf(M, base[(int64_t)s * (head_dim + 2)]);
@@ -472,12 +500,281 @@ __global__ void attention_merge_kernel(float *out, const float *ws, int splits, 
             L += p[1] * f;
             A += p[2 + d] * f;
         }
-        out[(int64_t)blockIdx.x * head_dim + d] = A / L;
+        float o = A / L;
+        if (gate) o *= 1.0f / (1.0f + expf(-gate[blockIdx.x])); /* block = token * n_head + head */
+        out[(int64_t)blockIdx.x * head_dim + d] = o;
     }
 }
 
 __global__ void set_i64_kernel(int64_t *dst, int64_t v) { *dst = v; }
 __global__ void set_i32_kernel(int32_t *dst, int32_t v) { *dst = v; }
+
+
+/* ---- fast decode path -------------------------------------------------------- */
+
+constexpr int FG_THREADS = 256, FG_WARPS = FG_THREADS / WARP;
+
+/* acc += the 8 bf16 weights of w times x0 | x1 */
+__device__ __forceinline__ float dot8_bf16(uint4 w, float4 x0, float4 x1, float acc)
+{
+    acc = fmaf(__uint_as_float(w.x << 16), x0.x, acc);
+    acc = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, acc);
+    acc = fmaf(__uint_as_float(w.y << 16), x0.z, acc);
+    acc = fmaf(__uint_as_float(w.y & 0xffff0000u), x0.w, acc);
+    acc = fmaf(__uint_as_float(w.z << 16), x1.x, acc);
+    acc = fmaf(__uint_as_float(w.z & 0xffff0000u), x1.y, acc);
+    acc = fmaf(__uint_as_float(w.w << 16), x1.z, acc);
+    acc = fmaf(__uint_as_float(w.w & 0xffff0000u), x1.w, acc);
+    return acc;
+}
+
+/* Work: "groups" of FG_WARPS / KS rows (row pairs when PAIR); warp w of a
+ * block takes row w / KS of the group and the (w % KS)-th of KS equal column
+ * segments, each lane NV 16-byte loads of it (all issued before any is
+ * used). Blocks stride over the groups; the next group's loads are issued
+ * as soon as the current one's are consumed, before its reduction. x (after
+ * the optional norm) lives in shared memory. */
+template <int NV, int KS, bool PAIR>
+__global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
+{
+    constexpr int NR = PAIR ? 2 : 1;
+    constexpr int RPG = FG_WARPS / KS;
+    extern __shared__ float4 xs4[];
+    __shared__ float part[2][FG_WARPS][NR];
+    __shared__ float red[FG_WARPS];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int seg = warp % KS, rl = warp / KS;
+    const int nvec = a.cols / 8;
+    const int seglen = (nvec + KS - 1) / KS;
+    const int s0 = seg * seglen;
+    const int s1 = s0 + seglen < nvec ? s0 + seglen : nvec;
+    const int64_t R = PAIR ? a.rows0 : a.rows0 + a.rows1;
+    const int64_t groups = (R + RPG - 1) / RPG;
+    const uint8_t *w0 = (const uint8_t *)a.w0, *w1 = (const uint8_t *)a.w1;
+
+    uint4 v[NR][NV];
+    auto load = [&](int64_t g) {
+        const int64_t r = g * RPG + rl;
+        const uint4 *p0 = NULL, *p1 = NULL;
+        if (r < R) {
+            if (PAIR) {
+                p0 = (const uint4 *)(w0 + r * a.row_bytes);
+                p1 = (const uint4 *)(w1 + r * a.row_bytes);
+            } else {
+                p0 = (const uint4 *)(r < a.rows0 ? w0 + r * a.row_bytes : w1 + (r - a.rows0) * a.row_bytes);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int i = s0 + lane + WARP * k;
+            const bool ok = r < R && i < s1;
+            v[0][k] = ok ? __ldcs(p0 + i) : make_uint4(0, 0, 0, 0);
+            if (PAIR) v[NR - 1][k] = ok ? __ldcs(p1 + i) : make_uint4(0, 0, 0, 0);
+        }
+    };
+
+    int64_t g = blockIdx.x;
+    load(g); /* weights only: before the wait */
+    pdl_wait();
+    pdl_release();
+
+    /* x (RMS-normalised when nw) into shared memory */
+    const int c4 = a.cols / 4;
+    const float4 *x4 = (const float4 *)a.x;
+    if (a.nw) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < c4; i += FG_THREADS) {
+            float4 t = x4[i];
+            ss = fmaf(t.x, t.x, ss);
+            ss = fmaf(t.y, t.y, ss);
+            ss = fmaf(t.z, t.z, ss);
+            ss = fmaf(t.w, t.w, ss);
+            xs4[i] = t;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < FG_WARPS; w++) tot += red[w];
+        const float inv = 1.0f / sqrtf(tot / (float)a.cols + a.eps);
+        const float4 *nw4 = (const float4 *)a.nw;
+        float4 *xn4 = blockIdx.x == 0 ? (float4 *)a.xn : NULL;
+        for (int i = threadIdx.x; i < c4; i += FG_THREADS) {
+            float4 t = xs4[i], w = nw4[i];
+            t.x = t.x * inv * w.x;
+            t.y = t.y * inv * w.y;
+            t.z = t.z * inv * w.z;
+            t.w = t.w * inv * w.w;
+            xs4[i] = t;
+            if (xn4) xn4[i] = t;
+        }
+    } else {
+        for (int i = threadIdx.x; i < c4; i += FG_THREADS) xs4[i] = x4[i];
+    }
+    __syncthreads();
+
+    int par = 0;
+    for (;;) {
+        float acc[NR];
+#pragma unroll
+        for (int q = 0; q < NR; q++) acc[q] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int i = s0 + lane + WARP * k;
+            if (i < s1) {
+                const float4 xa = xs4[2 * i], xb = xs4[2 * i + 1];
+#pragma unroll
+                for (int q = 0; q < NR; q++) acc[q] = dot8_bf16(v[q][k], xa, xb, acc[q]);
+            }
+        }
+        const int64_t r = g * RPG + rl;
+        const int64_t gn = g + gridDim.x;
+        if (gn < groups) load(gn); /* in flight during the reduction below */
+#pragma unroll
+        for (int q = 0; q < NR; q++) acc[q] = warp_sum(acc[q]);
+        bool mine = lane == 0 && r < R;
+        if (KS > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int q = 0; q < NR; q++) part[par][warp][q] = acc[q];
+            }
+            __syncthreads(); /* the other buffer (par ^ 1) is rewritten only after the next one */
+            mine = mine && seg == 0;
+            if (mine) {
+#pragma unroll
+                for (int q = 0; q < NR; q++) {
+                    float s = 0.0f;
+                    for (int j = 0; j < KS; j++) s += part[par][warp + j][q];
+                    acc[q] = s;
+                }
+            }
+            par ^= 1;
+        }
+        if (mine) {
+            if (PAIR) {
+                const float ga = acc[0], up = acc[NR - 1];
+                a.out0[r] = 0.5f * ga * (1.0f + erff(ga * 0.70710678118654752f)) * up; /* exact erf form */
+                a.out1[r] = up;
+            } else if (r < a.rows0) {
+                a.out0[r] = acc[0];
+                if (a.resid) a.resid[r] += acc[0];
+            } else {
+                a.out1[r - a.rows0] = acc[0];
+            }
+        }
+        if (gn >= groups) break;
+        g = gn;
+    }
+}
+
+/* One block per head (q heads, then k heads, then v heads), one thread per
+ * dim: rotate q and k pairs (angles in double, as rope_kernel), store k and
+ * v into the cache slot of the position. */
+__global__ void rope_kv_kernel(float *qkv, int n_q, int n_kv, int D, const int64_t *pos, int half, double theta,
+                               float *kc, float *vc, int64_t slots)
+{
+    pdl_wait();
+    pdl_release();
+    const int h = blockIdx.x, t = threadIdx.x;
+    const int64_t pos0 = *pos;
+    const int64_t kv_dim = (int64_t)n_kv * D;
+    const int64_t slot = pos0 % slots;
+    if (h < n_q + n_kv) {
+        float *v = qkv + (int64_t)h * D;
+        const bool isk = h >= n_q;
+        float *kr = isk ? kc + slot * kv_dim + (int64_t)(h - n_q) * D : NULL;
+        if (t < half) {
+            double inv_freq = pow(theta, -2.0 * t / (2.0 * half));
+            double angle = (double)pos0 * inv_freq;
+            float c = (float)cos(angle), s = (float)sin(angle);
+            float x0 = v[t], x1 = v[t + half];
+            float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+            v[t] = y0;
+            v[t + half] = y1;
+            if (isk) {
+                kr[t] = y0;
+                kr[t + half] = y1;
+            }
+        } else if (t >= 2 * half && isk) {
+            kr[t] = v[t];
+        }
+    } else {
+        const int kh = h - n_q - n_kv;
+        const float *vr = qkv + (int64_t)(n_q + n_kv) * D + (int64_t)kh * D;
+        vc[slot * kv_dim + (int64_t)kh * D + t] = vr[t];
+    }
+}
+
+/* A launch, with the programmatic-dependent attribute when pdl. */
+template <typename... KArgs, typename... Args>
+cudaError_t launch_ex(bool pdl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, void (*k)(KArgs...),
+                      Args... args)
+{
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, args...);
+}
+
+typedef void (*fgemv_fn)(cu_fgemv_args);
+
+constexpr int FG_NV[] = {1, 2, 4, 5, 8, 10, 16};
+constexpr int FG_NNV = sizeof FG_NV / sizeof FG_NV[0];
+constexpr int FG_KS[] = {1, 2, 4, 8};
+constexpr int FG_NKS = 4;
+
+template <int KS, bool PAIR>
+fgemv_fn fg_pick_nv(int nvi)
+{
+    switch (nvi) {
+    case 0: return fgemv_kernel<1, KS, PAIR>;
+    case 1: return fgemv_kernel<2, KS, PAIR>;
+    case 2: return fgemv_kernel<4, KS, PAIR>;
+    case 3: return fgemv_kernel<5, KS, PAIR>;
+    case 4: return fgemv_kernel<8, KS, PAIR>;
+    case 5: return fgemv_kernel<10, KS, PAIR>;
+    default: return fgemv_kernel<16, KS, PAIR>;
+    }
+}
+
+fgemv_fn fg_pick(int ksi, int nvi, bool pair)
+{
+    switch (ksi) {
+    case 0: return pair ? fg_pick_nv<1, true>(nvi) : fg_pick_nv<1, false>(nvi);
+    case 1: return pair ? fg_pick_nv<2, true>(nvi) : fg_pick_nv<2, false>(nvi);
+    case 2: return pair ? fg_pick_nv<4, true>(nvi) : fg_pick_nv<4, false>(nvi);
+    default: return pair ? fg_pick_nv<8, true>(nvi) : fg_pick_nv<8, false>(nvi);
+    }
+}
+
+/* Resident blocks per SM of a kernel at a dynamic shared-memory size (cached). */
+int fg_occupancy(fgemv_fn fn, size_t smem)
+{
+    static struct {
+        fgemv_fn fn;
+        size_t smem;
+        int blocks;
+    } cache[256];
+    static int used;
+    for (int i = 0; i < used; i++)
+        if (cache[i].fn == fn && cache[i].smem == smem) return cache[i].blocks;
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, FG_THREADS, smem) != cudaSuccess) {
+        cudaGetLastError();
+        b = 0;
+    }
+    if (used < 256) cache[used++] = {fn, smem, b};
+    return b;
+}
 
 unsigned grid_for(int64_t count, int threads)
 {
@@ -511,7 +808,8 @@ template <int E, int GMAX>
 void launch_attention(cudaStream_t st, const cu_attn_args *a)
 {
     dim3 grid((unsigned)(a->n * a->n_head_kv), (unsigned)a->splits);
-    attention_kernel<E, GMAX><<<grid, ATT_WARPS * 32, 0, st>>>(*a);
+    /* an error here is also the runtime's last error, which the caller reads */
+    (void)launch_ex(a->pdl != 0, grid, dim3(ATT_WARPS * 32), 0, st, attention_kernel<E, GMAX>, *a);
 }
 
 template <int E>
@@ -639,6 +937,115 @@ cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a)
     else launch_attention_g<8>(st, a);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || a->splits == 1) return err;
-    attention_merge_kernel<<<(unsigned)(a->n * a->n_head), 128, 0, st>>>(a->out, a->ws, a->splits, D);
+    err = launch_ex(a->pdl != 0, dim3((unsigned)(a->n * a->n_head)), dim3(128), 0, st, attention_merge_kernel, a->out,
+                    (const float *)a->ws, a->splits, D, a->gate);
+    if (err != cudaSuccess) return err;
     return cudaGetLastError();
+}
+
+int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows)
+{
+    /* whole 16-byte vectors per row, x in shared memory (<= 46 KB), every
+     * segment within the largest instantiated NV at KS = 8 */
+    return cols > 0 && cols % 8 == 0 && row_bytes == cols * 2 && ((uintptr_t)w % 16) == 0 && cols * 4 <= 46 * 1024 &&
+           cols / 8 <= 8 * WARP * FG_NV[FG_NNV - 1] && rows > 0 && rows < ((int64_t)1 << 31);
+}
+
+/* The split (KS, NV) and blocks per SM with the least time: per-SM bytes
+ * (padding and the last round's idle slots included) over a bandwidth share
+ * that drops when under ~48 KB per SM are in flight. */
+cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
+{
+    const bool pair = a->pair != 0;
+    const int64_t R = pair ? a->rows0 : a->rows0 + a->rows1;
+    const int nvec = a->cols / 8;
+    const size_t smem = (size_t)a->cols * sizeof(float);
+    fgemv_fn best = NULL;
+    unsigned best_grid = 0;
+    double best_t = 0, best_fly = 0;
+    for (int ksi = 0; ksi < FG_NKS; ksi++) {
+        const int ks = FG_KS[ksi];
+        const int need = ((nvec + ks - 1) / ks + WARP - 1) / WARP;
+        int nvi = 0;
+        while (nvi < FG_NNV && FG_NV[nvi] < need) nvi++;
+        if (nvi == FG_NNV) continue;
+        const int nv = FG_NV[nvi];
+        fgemv_fn fn = fg_pick(ksi, nvi, pair);
+        int bmax = fg_occupancy(fn, smem);
+        if (bmax > 8) bmax = 8;
+        const int64_t groups = (R + FG_WARPS / ks - 1) / (FG_WARPS / ks);
+        for (int b = 1; b <= bmax; b++) {
+            int64_t grid = (int64_t)sms * b;
+            if (grid > groups) grid = groups;
+            const int64_t rounds = (groups + grid - 1) / grid;
+            const int64_t per_sm_blocks = (grid + sms - 1) / sms;
+            const double group_bytes = (double)FG_THREADS * nv * 16 * (pair ? 2 : 1);
+            const double fly = (double)per_sm_blocks * group_bytes;
+            const double share = fly >= 48e3 ? 1.0 : fly / 48e3;
+            const double t = (double)rounds * per_sm_blocks * group_bytes / share;
+            if (!best || t < best_t * 0.99 || (t <= best_t * 1.01 && fly > best_fly)) {
+                best = fn;
+                best_grid = (unsigned)grid;
+                best_t = t;
+                best_fly = fly;
+            }
+            if (grid == groups) break;
+        }
+    }
+    if (!best) return cudaErrorInvalidValue;
+    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+}
+
+void cu_fgemv_prepare(int64_t cols)
+{
+    if (cols <= 0 || cols * 4 > 46 * 1024) return;
+    for (int ksi = 0; ksi < FG_NKS; ksi++)
+        for (int nvi = 0; nvi < FG_NNV; nvi++)
+            for (int pair = 0; pair < 2; pair++) fg_occupancy(fg_pick(ksi, nvi, pair != 0), (size_t)cols * sizeof(float));
+}
+
+cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, int head_dim, const int64_t *pos,
+                       int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl)
+{
+    cudaError_t e = launch_ex(pdl != 0, dim3((unsigned)(n_head + 2 * n_head_kv)), dim3((unsigned)head_dim), 0, st,
+                              rope_kv_kernel, qkv, n_head, n_head_kv, head_dim, pos, rot_dims / 2, theta, kc, vc,
+                              slots);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+}
+
+namespace {
+__global__ void pdl_probe_kernel(int *p, int v)
+{
+    pdl_wait();
+    pdl_release();
+    if (threadIdx.x == 0) *p = *p * 2 + v;
+}
+} // namespace
+
+bool cu_pdl_probe(cudaStream_t st)
+{
+    int *d = NULL, h = 0;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ex = NULL;
+    bool ok = cudaMalloc((void **)&d, sizeof(int)) == cudaSuccess && cudaMemsetAsync(d, 0, sizeof(int), st) == cudaSuccess &&
+              cudaStreamSynchronize(st) == cudaSuccess;
+    if (ok && cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+        bool launched = true;
+        for (int i = 1; i <= 3; i++)
+            launched = launched && launch_ex(i > 1, dim3(1), dim3(32), 0, st, pdl_probe_kernel, d, i) == cudaSuccess;
+        cudaError_t e = cudaStreamEndCapture(st, &g);
+        ok = launched && e == cudaSuccess && g && cudaGraphInstantiate(&ex, g, 0) == cudaSuccess &&
+             cudaGraphLaunch(ex, st) == cudaSuccess && cudaStreamSynchronize(st) == cudaSuccess &&
+             cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == ((1 * 2) + 2) * 2 + 3;
+    } else {
+        ok = false;
+    }
+    if (ex) cudaGraphExecDestroy(ex);
+    if (g) cudaGraphDestroy(g);
+    if (d) cudaFree(d);
+    cudaGetLastError(); /* a refusal is an answer, not an error */
+    return ok;
 }
