@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 TYPES = ["q8_0", "q6_k", "q4_k_m", "q4_k", "q4_0"]
+PPL_WINDOWS = 40  # 40 x 256 tokens of the held-out text
 
 
 def run(cmd, **kw):
@@ -47,15 +48,16 @@ def compare(base, got):
 
 
 def perplexity(spark, model, text):
-    out = run([spark, "perplexity", model, "--file", text, "--ctx", "256", "--json"]).stdout
-    return json.loads(out).get("perplexity")
+    out = run([spark, "perplexity", model, "--file", text, "--ctx", "256", "--chunks", str(PPL_WINDOWS), "--json"]).stdout
+    return json.loads(out).get("ppl")
 
 
 def evaluate(spark, name, src, ids, tmp, text=None):
     rows = []
     base = logits(spark, src, ids, tmp)
     ppl0 = perplexity(spark, src, text) if text else None
-    rows.append((name, "bf16 (source)", Path(src).stat().st_size if Path(src).is_file() else None, 0, 0, 1, ppl0))
+    size = sum(f.stat().st_size for f in Path(src).glob("*.safetensors")) if Path(src).is_dir() else Path(src).stat().st_size
+    rows.append((name, "bf16 (source)", size, 0, 0, 1, ppl0))
     for t in TYPES:
         out = Path(tmp) / f"{name}-{t}.gguf"
         flag = ["--recipe", "q4_k_m"] if t == "q4_k_m" else ["--type", t]
@@ -94,7 +96,7 @@ def main():
              f"KL(bf16 || quantized) and top-1 agreement over {a.tokens} positions of spark-tiny's held-out "
              f"text and 256 random ids for the synthetic model (4 layers, hidden 256, random weights: "
              f"noise is amplified ~8x into the logits, so its numbers are pessimistic); perplexity "
-             f"of the held-out text with 256-token windows. Q4_K_M recipe: see src/model/quantize_file.c.", "",
+             f"of the first {PPL_WINDOWS} 256-token windows of the held-out text. Q4_K_M recipe: see src/model/quantize_file.c.", "",
              "| model | type | file | mean KL | max KL | top-1 | perplexity |", "|---|---|---|---|---|---|---|"]
     for name, t, size, kl, klmax, top1, ppl in rows:
         size_s = f"{size / 2**20:.1f} MiB" if size else "-"
