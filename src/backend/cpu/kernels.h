@@ -8,11 +8,12 @@
  * never check. Every kernel takes plain pointers (no alignment required)
  * and is single-threaded: threads/matmul.c split the work.
  *
- * Numerics: all products are float32 multiply-adds of the exact dequantized
- * weight (the value weight_row_to_f32 returns) and float32 activations, so a
- * SIMD result differs from the scalar one only by summation order (relative
- * error ~1e-6 for rows of thousands). dequant[] is bit-exact with
- * weight_row_to_f32.
+ * Numerics: all products are float32 multiply-adds of the dequantized weight
+ * and float32 activations (no activation quantization), so a SIMD result
+ * differs from the scalar one only by rounding: summation order, and in the
+ * K-quant GEMVs a fused multiply-subtract forming scale*q - min (relative
+ * error ~1e-7 per product, ~1e-6 for rows of thousands). dequant[] is
+ * bit-exact with weight_row_to_f32.
  */
 #ifndef SPARK_BACKEND_CPU_KERNELS_H
 #define SPARK_BACKEND_CPU_KERNELS_H
@@ -81,6 +82,11 @@ int cpu_kernels_resolve(cpu_isa isa, cpu_kernels *out);
 /* Pack n (<= TW) token rows x[t*xs + c] into xp[c*TW + t], zero-filling
  * tokens n..TW-1 (the layout gemm_tile reads). */
 void cpu_pack_tokens(float *xp, const float *x, int64_t xs, int n, int64_t cols, int tw);
+
+/* f16 bit pattern -> float, all 65536 of them (filled by cpu_kernels_resolve):
+ * block scales are read through it so the SIMD kernels broadcast a scale
+ * straight from memory (a load) instead of converting it (vector ALU work). */
+extern float cpu_f16_table[65536];
 
 /* Per-level tables (NULL-entry fields are filled by cpu_kernels_resolve). */
 extern const cpu_kernels cpu_kernels_scalar;

@@ -35,6 +35,7 @@ typedef __m512i vi;
 #define VF_MIN(a, b) _mm512_min_ps(a, b)
 #define VF_MAX(a, b) _mm512_max_ps(a, b)
 #define VF_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VF_FMS(a, b, c) _mm512_fmsub_ps(a, b, c)
 #define VF_ABS(v) _mm512_abs_ps(v)
 #define VF_ROUND(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define VF_REDUCE(v) _mm512_reduce_add_ps(v)

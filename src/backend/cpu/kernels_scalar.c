@@ -13,6 +13,7 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 enum { CHUNK = 256, PARTIALS = 8 };
@@ -255,8 +256,17 @@ static void fill_missing(cpu_kernels *k)
     }
 }
 
+float cpu_f16_table[65536];
+
+static void fill_f16_table(void)
+{
+    for (uint32_t h = 0; h < 65536; h++) cpu_f16_table[h] = f16_to_f32((uint16_t)h);
+}
+
 int cpu_kernels_resolve(cpu_isa isa, cpu_kernels *out)
 {
+    static pthread_once_t table_once = PTHREAD_ONCE_INIT;
+    pthread_once(&table_once, fill_f16_table);
     const cpu_kernels *k = NULL;
     if (!cpu_isa_supported(isa)) return 0;
     switch (isa) {
