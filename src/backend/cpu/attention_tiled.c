@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 
 enum {
     KEY_BLOCK = 32,
@@ -28,6 +29,7 @@ typedef struct tiled_job {
     int64_t pos0;
     int n, tokens_per_task, tasks_per_head;
     const attn_shape *sh;
+    _Atomic int64_t next; /* tasks are claimed in order: later token blocks (more keys) come last */
 } tiled_job;
 
 /* Key (or value) row of kv head kh at absolute position j (see attention.c). */
@@ -118,10 +120,10 @@ static void tiled_task(const tiled_job *a, int kh, int tb)
 
 static void tiled_pool_task(void *arg, int ith, int nth)
 {
-    const tiled_job *a = arg;
-    /* interleaved: later token blocks see more keys */
+    tiled_job *a = arg;
     int64_t tasks = (int64_t)a->tasks_per_head * a->sh->n_head_kv;
-    for (int64_t i = ith; i < tasks; i += nth) tiled_task(a, (int)(i % a->sh->n_head_kv), (int)(i / a->sh->n_head_kv));
+    for (int64_t i; (i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed)) < tasks;)
+        tiled_task(a, (int)(i % a->sh->n_head_kv), (int)(i / a->sh->n_head_kv));
 }
 
 int cpu_attention_tiled(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,

@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 
 enum {
@@ -28,6 +29,7 @@ enum {
     BLOCK_TILES = 4,             /* row tiles per block: the reuse of each token-group chunk */
     SERIAL_BYTES = 128 * 1024,   /* matrices smaller than this run on one thread */
     ROW_ALIGN = 16,              /* thread slices start on multiples of this many rows */
+    CHUNKS_PER_THREAD = 4,       /* GEMV work is claimed in this many pieces per thread */
 };
 
 void cpu_split(int64_t total, int64_t align, int ith, int nth, int64_t *lo, int64_t *hi)
@@ -49,21 +51,31 @@ typedef struct matmul_job {
     size_t row_bytes;
     int64_t block_rows; /* GEMM: rows per dequantized panel */
     int64_t col_chunk;  /* GEMM: columns per panel (a multiple of 256: whole blocks) */
+    int64_t chunks;     /* pieces of work, claimed in order through `next` */
+    _Atomic int64_t next;
 } matmul_job;
+
+/* Work is claimed piece by piece rather than split up front: on a machine
+ * shared with other jobs a descheduled thread then delays the product by
+ * one piece, not by its whole share. Which thread computes a row never
+ * changes the row's arithmetic, so results stay identical. */
+static int64_t claim(matmul_job *j) { return atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed); }
 
 static void gemv_task(void *arg, int ith, int nth)
 {
-    const matmul_job *j = arg;
+    matmul_job *j = arg;
     const weight_ref *w = j->w;
-    int64_t lo, hi;
-    cpu_split(w->rows, ROW_ALIGN, ith, nth, &lo, &hi);
-    if (lo >= hi) return;
-    const uint8_t *base = (const uint8_t *)w->data + (size_t)lo * j->row_bytes;
     gemv_fn gemv = j->cb->k.gemv[w->dtype];
-    for (int t0 = 0; t0 < j->n; t0 += GEMV_MAX_TOKENS) {
-        int nt = j->n - t0 < GEMV_MAX_TOKENS ? j->n - t0 : GEMV_MAX_TOKENS;
-        gemv(base, j->row_bytes, hi - lo, w->cols, j->x + (int64_t)t0 * w->cols, w->cols, nt,
-             j->out + (int64_t)t0 * w->rows + lo, w->rows);
+    for (int64_t c; (c = claim(j)) < j->chunks;) {
+        int64_t lo, hi;
+        cpu_split(w->rows, ROW_ALIGN, (int)c, (int)j->chunks, &lo, &hi);
+        if (lo >= hi) continue;
+        const uint8_t *base = (const uint8_t *)w->data + (size_t)lo * j->row_bytes;
+        for (int t0 = 0; t0 < j->n; t0 += GEMV_MAX_TOKENS) {
+            int nt = j->n - t0 < GEMV_MAX_TOKENS ? j->n - t0 : GEMV_MAX_TOKENS;
+            gemv(base, j->row_bytes, hi - lo, w->cols, j->x + (int64_t)t0 * w->cols, w->cols, nt,
+                 j->out + (int64_t)t0 * w->rows + lo, w->rows);
+        }
     }
 }
 
@@ -97,20 +109,20 @@ static const float *load_panel(const matmul_job *j, int ith, int64_t r0, int64_t
     return j->cb->panel[ith];
 }
 
-/* Each thread takes a contiguous range of row blocks. Per block, the columns
+/* Threads claim row blocks one at a time. Per block, the columns
  * go in chunks of col_chunk: the chunk of every token group (TW x col_chunk
  * floats) stays in L2 while all the block's row tiles use it, so packed
  * tokens are read from memory once per block_rows rows, not once per tile. */
 static void gemm_task(void *arg, int ith, int nth)
 {
-    const matmul_job *j = arg;
+    matmul_job *j = arg;
     const cpu_kernels *k = &j->cb->k;
     const weight_ref *w = j->w;
-    int64_t cols = w->cols, lo, hi;
+    int64_t cols = w->cols;
     int tw = k->gemm_tokens, groups = (j->n + tw - 1) / tw;
-    cpu_split(w->rows, j->block_rows, ith, nth, &lo, &hi);
-    for (int64_t r0 = lo; r0 < hi; r0 += j->block_rows) {
-        int64_t nr = hi - r0 < j->block_rows ? hi - r0 : j->block_rows;
+    for (int64_t blk; (blk = claim(j)) < j->chunks;) {
+        int64_t r0 = blk * j->block_rows;
+        int64_t nr = w->rows - r0 < j->block_rows ? w->rows - r0 : j->block_rows;
         for (int64_t c0 = 0; c0 < cols; c0 += j->col_chunk) {
             int64_t nc = cols - c0 < j->col_chunk ? cols - c0 : j->col_chunk, ldw;
             const float *panel = load_panel(j, ith, r0, nr, c0, nc, &ldw);
@@ -163,10 +175,12 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
         size_t groups = (size_t)(n + tw - 1) / (size_t)tw;
         if (ensure_gemm_scratch(cb, groups * (size_t)tw * (size_t)w->cols, (size_t)j.block_rows * (size_t)j.col_chunk)) {
             pool_run(cb->pool, pack_task, &j, pool_size(cb->pool));
+            j.chunks = (w->rows + j.block_rows - 1) / j.block_rows;
             pool_run(cb->pool, gemm_task, &j, nth);
             return;
         }
         /* no memory for the GEMM scratch: the GEMV path needs none */
     }
+    j.chunks = nth == 1 ? 1 : (int64_t)nth * CHUNKS_PER_THREAD;
     pool_run(cb->pool, gemv_task, &j, nth);
 }
