@@ -128,10 +128,10 @@ int cmd_logits(int argc, char **argv)
     o.n_ctx = (int32_t)a.ctx;
     o.n_batch = (int32_t)a.batch;
     o.n_threads = (int32_t)a.threads;
+    o.backend = a.gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     kv_opts_apply(&a.kv, &o);
     if ((rc = kv_check_memory("logits", model, &o, a.ctx > 0, n)) != 0) goto done;
     rc = EXIT_RUNTIME;
-    o.backend = a.gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     if (spark_session_create(model, &o, &session) != SPARK_OK) goto fail;
     size_t vocab = (size_t)spark_model_get_config(model)->n_vocab;
     size_t rows = a.all ? (size_t)n : 1;

@@ -218,9 +218,9 @@ int gen_env_open(gen_env *env, const gen_opts *o, const char *command)
     so.n_ctx = (int32_t)o->ctx;
     so.n_batch = (int32_t)o->batch;
     so.n_threads = (int32_t)o->threads;
+    so.backend = o->gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     kv_opts_apply(&o->kv, &so);
     if (kv_check_memory(command, env->model, &so, o->ctx > 0, 1)) return EXIT_RUNTIME;
-    so.backend = o->gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     if (spark_session_create(env->model, &so, &env->session) != SPARK_OK) return cli_report_error(command);
     env->sp = merge_sampling(o, spark_model_sampler_defaults(env->model));
     int32_t vocab = spark_model_get_config(env->model)->n_vocab;

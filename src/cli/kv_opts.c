@@ -132,6 +132,9 @@ int kv_check_memory(const char *command, const spark_model *model, spark_session
 {
     spark_session_memory mem;
     if (spark_session_memory_estimate(model, so, &mem) != SPARK_OK) return cli_report_error(command);
+    /* on a GPU the cache and scratch live in device memory, allocated (and
+     * refused when too large) as the session is created */
+    if (so->backend != SPARK_BACKEND_CPU) return 0;
     uint64_t avail = memory_available();
     if (!avail) return 0; /* cannot tell: let the run try */
     uint64_t margin = avail / 20 > MARGIN_MIN ? avail / 20 : MARGIN_MIN;

@@ -231,3 +231,18 @@ def test_inspect_table(synth):
     assert chosen["kv_dtype"] == "tq3.5" and chosen["kv_dtype_sliding"] == "f32"
     text = run_spark(["inspect", model, "--kv-bits", "2", "--kv-layers", "all"]).stdout
     assert "full layers tq2, sliding rings tq2" in text and "tq3.5" in text
+
+
+def test_prompt_progress_shows_rate_and_eta(tmp_path):
+    """A long prompt on a terminal: the bar reports tokens/s and the time left."""
+    import pexpect
+    from conftest_models import make_chat_model
+    from sparktest import SPARK_BIN
+    model = make_chat_model(tmp_path)
+    text = (TINY / "heldout.txt").read_text()[:6000]
+    child = pexpect.spawn(SPARK_BIN, ["run", "-m", str(model), "-p", text, "-b", "16", "-n", "1", "--temp", "0"],
+                          encoding="utf-8", timeout=300)
+    child.expect(r"prompt \[[#.]+\] \d+/(\d+)  \d+ tok/s, ETA \d+:\d\d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
