@@ -26,7 +26,7 @@
 enum {
     GEMM_MIN_TOKENS = 8,         /* below this, GEMV re-reads W once per 4 tokens and wins */
     GROUP_CHUNK_BYTES = 256 * 1024, /* a token group's column chunk: stays in L2 across a block */
-    BLOCK_TILES = 4,             /* row tiles per block: the reuse of each token-group chunk */
+    BLOCK_TILES = 8,             /* row tiles per block: the reuse of each token-group chunk */
     SERIAL_BYTES = 128 * 1024,   /* matrices smaller than this run on one thread */
     ROW_ALIGN = 16,              /* thread slices start on multiples of this many rows */
     CHUNKS_PER_THREAD = 4,       /* GEMV work is claimed in this many pieces per thread */
