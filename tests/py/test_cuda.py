@@ -153,3 +153,33 @@ def test_ngl_is_a_synonym(gpu, tmp_path):
     a = logits(tmp_path, TINY, ids, "--gpu")
     b = logits(tmp_path, TINY, ids, "-ngl", "99")
     assert np.array_equal(a, b)
+
+
+# Prompts long enough for the tensor-core prefill attention (cuda_flash.cu:
+# chunks of >= 16 queries over an f32 cache): windows that wrap many times,
+# chunks that read keys from the cache and the qkv buffer at once, key
+# splits (few row blocks, long full layers), head_dim 40 / 64 / 256
+# (padded to 64 / 64 / 256), groups 1, 4 and 8.
+FLASH_SHAPES = {
+    "flash_d256_gqa4": dict(hidden=512, ff=1024, layers=4, heads=8, kv_heads=2, head_dim=256, vocab=1024, window=48,
+                            pattern="SSSF", prompt=700, seed=11, max_ctx=2048),
+    "flash_d40_mha": dict(hidden=96, ff=192, layers=3, heads=2, kv_heads=2, head_dim=40, vocab=512, window=16,
+                          pattern="SFS", prompt=300, seed=12, max_ctx=1024),
+    "flash_d64_gqa8": dict(hidden=256, ff=512, layers=4, heads=8, kv_heads=1, head_dim=64, vocab=512, window=32,
+                           pattern="SSSF", prompt=400, seed=13, max_ctx=1024),
+}
+
+
+@pytest.fixture(scope="module")
+def flash_models(tmp_path_factory, gpu):
+    root = tmp_path_factory.mktemp("flash")
+    return {n: Built(root, n, "bf16", s) for n, s in FLASH_SHAPES.items()}
+
+
+@pytest.mark.parametrize("batch", ["512", "64", "37"])
+@pytest.mark.parametrize("name", FLASH_SHAPES)
+def test_flash_prefill_matches_cpu(flash_models, name, batch, tmp_path):
+    m = flash_models[name]
+    cpu = logits(tmp_path, m.hf, m.ids, "--all")
+    got = logits(tmp_path, m.hf, m.ids, "--all", "--batch", batch, "--gpu")
+    check(f"flash prefill --batch {batch} {m.name}", got, cpu, tol=1e-4)

@@ -377,7 +377,7 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_ATTN: {
         cu_attn_args a = c->attn;
         a.pdl = cb->pdl_now;
-        CK(cu_attention(st, &a));
+        CK(a.flash ? cu_flash_attention(st, &a) : cu_attention(st, &a));
         return;
     }
     case OP_FGEMV: CK(cu_fgemv(st, &c->fg, cb->sms, cb->pdl_now)); return;
@@ -785,6 +785,12 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     a->window = cache->window;
     a->splits = (int)splits;
     a->scale = sh->scale;
+    /* prefill chunks over an f32 cache: the tensor-core kernel (cuda_flash.cu) */
+    if (cache->type == SPARK_KV_F32 && cu_flash_enabled() && cu_flash_ok(a)) {
+        a->flash = 1;
+        a->splits = cu_flash_splits(a, pos0, cb->sms);
+        splits = a->splits;
+    }
     if (splits > 1) {
         size_t need = (size_t)n * (size_t)sh->n_head * (size_t)splits * (size_t)(sh->head_dim + 2) * sizeof(float);
         if (need > cb->ws_bytes) flush(cb); /* a recorded step may still name the old buffer */

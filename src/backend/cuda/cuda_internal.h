@@ -66,8 +66,22 @@ typedef struct cu_attn_args {
     float scale;
     const float *gate; /* non-NULL: out[t, h, :] *= sigmoid(gate[t * n_head + h]) (the head gate, fused) */
     int pdl;           /* launch as a programmatic dependent of the previous kernel (sm_90) */
+    int flash;         /* run by cu_flash_attention (prefill chunks, f32 cache; set by the backend) */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
+
+/* ---- prefill attention on tensor cores (cuda_flash.cu) ----
+ * The same computation as cu_attention for chunks of >= CUDA_FLASH_MIN_N
+ * queries over a float32 cache: key tiles shared by 64 query rows of one KV
+ * head (its G heads x tokens), mma.sync bf16 with hi + lo operand splits
+ * (fp32-close: three products per tile), online softmax. `splits` (from
+ * cu_flash_splits) cuts each row block's key range; splits > 1 needs the
+ * same workspace as cu_attention. SPARK_CUDA_FLASH=0 turns it off. */
+enum { CUDA_FLASH_MIN_N = 16 };
+int cu_flash_enabled(void);
+int cu_flash_ok(const cu_attn_args *a); /* shape, alignment, n; the caller checks the cache is f32 */
+int cu_flash_splits(const cu_attn_args *a, int64_t pos0, int sms);
+cudaError_t cu_flash_attention(cudaStream_t st, const cu_attn_args *a);
 
 /* ---- the fast decode path (SPARK_CUDA_FAST, single token, bf16 weights) ----
  *

@@ -1,0 +1,90 @@
+#!/bin/bash
+# flash_run.sh — one device call for the prefill attention kernel
+# (src/backend/cuda/cuda_flash.cu): build, correctness (4B-shaped 4-layer
+# check against the CPU, tests/py/test_cuda.py), then prefill timings on the
+# 36-layer 4B-shaped model at 512, 8k, 32k and 128k tokens (bench/flash_bench.c).
+# Logs under $OUT (default /tmp/flash-run), summary last.
+set -u
+OUT=${OUT:-/tmp/flash-run}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+S=$OUT/summary.txt
+: >"$S"
+stamp() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$S"; }
+note() { echo "$*" | tee -a "$S"; }
+export PYTHONUNBUFFERED=1
+command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$S"
+SYS=/tmp/sysroot
+if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/microhttpd.h ]; then
+    mkdir -p $SYS
+    for f in .devdeps/*.deb; do dpkg -x "$f" $SYS; done
+    export EXTRA_CFLAGS="-I$SYS/usr/include" LDFLAGS="-L$SYS/usr/lib/x86_64-linux-gnu"
+    export LD_LIBRARY_PATH=$SYS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+fi
+SHAPE="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
+( timeout 100 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE --layers 4 --max-ctx 4096 >/tmp/models.log 2>&1
+  timeout 200 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE --layers 36 --max-ctx 132000 >>/tmp/models.log 2>&1
+  echo done >/tmp/models.done ) &
+
+stamp build
+CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+LIBS="-fopenmp ${LDFLAGS:-} -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
+if timeout 200 make -j16 BUILD=build-gpu NVCCFLAGS="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a" build-gpu/spark \
+    >"$OUT/build.log" 2>&1 &&
+    gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -o build-gpu/flash_bench bench/flash_bench.c build-gpu/libspark.a $LIBS \
+        >>"$OUT/build.log" 2>&1; then
+    note "build: ok"
+else
+    note "build: FAILED"; tail -30 "$OUT/build.log"; exit 1
+fi
+export SPARK_BIN=$PWD/build-gpu/spark
+
+stamp "correctness: tests (two processes) + 4B-shaped check, concurrently"
+export SPARK_CUDA_REPORT=$OUT/errors.jsonl
+: >"$SPARK_CUDA_REPORT"
+PYTHONPATH=tools:tests/py timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE -k flash tests/py/test_cuda.py \
+    >"$OUT/tests.log" 2>&1 &
+PA=$!
+PYTHONPATH=tools:tests/py timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE -k "not flash" tests/py/test_cuda.py \
+    >"$OUT/tests2.log" 2>&1 &
+PB=$!
+for _ in $(seq 100); do [ -s /tmp/models.log ] && grep -q "m4b2\|wrote\|GB" /tmp/models.log && break; sleep 1; done
+sleep 2
+timeout 120 python3 - >"$OUT/check.log" 2>&1 <<'PY'
+import os, subprocess, numpy as np
+spark = os.environ["SPARK_BIN"]
+def run(ids, out, *extra, env=None):
+    subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ",".join(map(str, ids)), "--out", out, "--all", "--ctx", "4096", *extra],
+                   check=True, env=dict(os.environ, **(env or {})))
+    return np.load(out).astype(np.float64)
+def rel(a, b): return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
+for n, batch in ((600, "512"), (1500, "512"), (1500, "96")):
+    ids = np.random.default_rng(5 + n).integers(3, 131072, n)
+    cpu = run(ids, "/tmp/c.npy")
+    fl = run(ids, "/tmp/f.npy", "--gpu", "--batch", batch)
+    old = run(ids, "/tmp/o.npy", "--gpu", "--batch", batch, env={"SPARK_CUDA_FLASH": "0"})
+    e, f, g = rel(fl, cpu), rel(old, cpu), rel(fl, old)
+    print(f"check 4B shape 4 layers (SSSF), {n} tokens, batch {batch}: flash vs cpu max rel L2 {e.max():.3g} "
+          f"(mean {e.mean():.3g}); old kernel vs cpu {f.max():.3g} (mean {f.mean():.3g}); flash vs old {g.max():.3g}"
+          f"{'  OK' if e.max() <= 1e-3 and np.isfinite(fl).all() else '  FAIL'}", flush=True)
+PY
+grep -E "^check|Error|error" "$OUT/check.log" | tee -a "$S"
+wait $PA $PB
+tail -4 "$OUT/tests.log" | tee -a "$S"
+tail -4 "$OUT/tests2.log" | tee -a "$S"
+python3 -c "
+import json; rows=[json.loads(l) for l in open('$SPARK_CUDA_REPORT')]
+fl=[r for r in rows if 'flash' in r['check']]
+for r in sorted(fl, key=lambda r: r['check']): print(f\"  {r['check']}: {r['max_rel_l2']:.3g}\")
+w=max(rows, key=lambda r: r['max_rel_l2']) if rows else None
+print(f'errors: {len(rows)} checks recorded; worst {w}')" 2>&1 | tee -a "$S"
+
+stamp "bench: waiting for the 36-layer model"
+for _ in $(seq 200); do [ -f /tmp/models.done ] && break; sleep 1; done
+tail -2 /tmp/models.log | tee -a "$S"
+stamp bench
+nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks before: /' | tee -a "$S"
+timeout ${BENCH_S:-150} build-gpu/flash_bench /tmp/m4b --ctx 131584 512 8192 32512 131072 2>&1 | tee "$OUT/bench.log" | tee -a "$S"
+stamp done
