@@ -50,10 +50,50 @@ const char *spark_last_error(void);
 typedef struct spark_model spark_model;
 
 /* Load a checkpoint: a Hugging Face directory (config.json + safetensors,
- * sharded or not) or a GGUF file. Weights are memory-mapped, not copied.
+ * sharded or not) or a GGUF file. The weight files are read into memory or
+ * memory-mapped as SPARK_LOAD_AUTO decides (see spark_model_load_ex).
  * On failure *out is NULL. */
 spark_status spark_model_load(const char *path, spark_model **out);
 void spark_model_free(spark_model *model);
+
+/* How a model's weight files are held in memory. */
+typedef enum spark_load_mode {
+    SPARK_LOAD_AUTO = 0, /* COPY when the files fit comfortably in the memory available (MemAvailable, a
+                            cgroup limit if lower: files + max(2 GB, a quarter of it) must fit), else MMAP */
+    SPARK_LOAD_MMAP,     /* memory-map the files: nothing copied, pages shared with the page cache */
+    SPARK_LOAD_COPY,     /* read the files into anonymous memory, 2 MiB-aligned, with transparent huge
+                            pages asked for (MADV_HUGEPAGE): faster CPU decode (streams ~15% faster
+                            here), costs the RAM and the time to read the files */
+    SPARK_LOAD_MODE_COUNT
+} spark_load_mode;
+
+typedef struct spark_model_load_options {
+    spark_load_mode mode;
+    /* COPY: called as the files are read (bytes so far, total bytes of all files); may be NULL */
+    void (*progress)(uint64_t done, uint64_t total, void *user);
+    void *progress_user;
+} spark_model_load_options;
+
+spark_model_load_options spark_model_default_load_options(void); /* AUTO, no progress */
+
+/* spark_model_load with options (NULL = defaults). spark_model_load(path) is
+ * this with the defaults, so it copies when AUTO says so: a program that only
+ * runs the model on a GPU should pass SPARK_LOAD_MMAP. */
+spark_status spark_model_load_ex(const char *path, const spark_model_load_options *opts, spark_model **out);
+
+/* What the loader did. */
+typedef struct spark_model_load_info {
+    spark_load_mode mode;  /* SPARK_LOAD_MMAP or SPARK_LOAD_COPY */
+    int huge_pages;        /* COPY: transparent huge pages were asked for and are enabled */
+    uint64_t file_bytes;   /* bytes of the weight files */
+    double seconds;        /* time spent opening (and, for COPY, reading) them */
+    char why[192];         /* one line: why this mode (AUTO's reasoning, or "forced") */
+} spark_model_load_info;
+
+const spark_model_load_info *spark_model_get_load_info(const spark_model *model);
+
+/* "auto", "mmap", "copy" ("invalid" otherwise). */
+const char *spark_load_mode_name(spark_load_mode mode);
 
 typedef enum spark_layer_kind {
     SPARK_LAYER_FULL = 0,    /* causal attention over the whole context */

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *cli_flag_value(int argc, char **argv, int *i, const char *command)
 {
@@ -78,6 +79,48 @@ int cli_parse_ids(const char *command, const char *text, int32_t **ids, int *n)
     *ids = v;
     *n = count;
     return 1;
+}
+
+const char cli_load_help[] =
+    "  --no-mmap               read the weights into memory (huge pages): fastest CPU decode; the default\n"
+    "                          on the CPU when the files fit in available memory with a quarter to spare\n"
+    "  --mmap                  memory-map the weights instead (no copy; the default on the GPU or when\n"
+    "                          memory is short)\n";
+
+int cli_load_flag(const char *arg, int *mode)
+{
+    if (!strcmp(arg, "--mmap")) return *mode = SPARK_LOAD_MMAP, 1;
+    if (!strcmp(arg, "--no-mmap")) return *mode = SPARK_LOAD_COPY, 1;
+    return 0;
+}
+
+typedef struct load_progress {
+    double last;
+    int shown;
+} load_progress;
+
+static void show_progress(uint64_t done, uint64_t total, void *user)
+{
+    load_progress *p = user;
+    double frac = total ? (double)done / (double)total : 1.0;
+    if (frac - p->last < 0.01 && done < total) return;
+    p->last = frac;
+    p->shown = 1;
+    fprintf(stderr, "\rreading weights into memory: %3.0f%% (%.2f of %.2f GB)", 100.0 * frac, (double)done / 1e9,
+            (double)total / 1e9);
+    fflush(stderr);
+}
+
+int cli_load_model(const char *path, int mode, int gpu, spark_model **out)
+{
+    spark_model_load_options lo = spark_model_default_load_options();
+    lo.mode = (spark_load_mode)mode;
+    if (lo.mode == SPARK_LOAD_AUTO && gpu) lo.mode = SPARK_LOAD_MMAP; /* the weights go to the device */
+    load_progress p = {0};
+    if (isatty(2)) lo.progress = show_progress, lo.progress_user = &p;
+    int st = spark_model_load_ex(path, &lo, out);
+    if (p.shown) fprintf(stderr, "\r\033[K");
+    return st;
 }
 
 int cli_report_error(const char *command)

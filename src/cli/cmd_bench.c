@@ -38,12 +38,14 @@ static const char bench_usage[] =
     "  -r, --reps N        repetitions of each test; mean and spread reported (default 1)\n"
     "  --probe-mb N        bandwidth probe buffer in MiB (default 1024)\n"
     "  --no-probe          skip both probes (their fields print as 0)\n"
-    "  --json              one JSON object instead of the table\n";
+    "  --json              one JSON object instead of the table\n"
+    "  --no-mmap / --mmap  read the weights into memory (huge pages) or map them; default: read them\n"
+    "                      when they fit in available memory with a quarter to spare (the output says which)\n";
 
 typedef struct bench_args {
     const char *model;
     long n_prompt, n_gen, threads, reps, probe_mb;
-    int json, no_probe;
+    int json, no_probe, load_mode;
 } bench_args;
 
 static int parse_bench_args(int argc, char **argv, bench_args *a)
@@ -57,6 +59,7 @@ static int parse_bench_args(int argc, char **argv, bench_args *a)
             exit(0);
         } else if (!strcmp(arg, "--json")) {
             a->json = 1;
+        } else if (cli_load_flag(arg, &a->load_mode)) {
         } else if (!strcmp(arg, "--no-probe")) {
             a->no_probe = 1;
         } else if (!strcmp(arg, "-p") || !strcmp(arg, "--n-prompt")) {
@@ -244,6 +247,11 @@ static void print_json(const bench_result *r)
     cJSON_AddNumberToObject(o, "bandwidth_gb_s", r->bw_gb_s);
     cJSON_AddNumberToObject(o, "floor_tok_s", r->floor_tok_s);
     cJSON_AddNumberToObject(o, "floor_pct", r->floor_pct);
+    const spark_model_load_info *li = spark_model_get_load_info(r->m);
+    cJSON_AddStringToObject(o, "load_mode", spark_load_mode_name(li->mode));
+    cJSON_AddBoolToObject(o, "huge_pages", li->huge_pages);
+    cJSON_AddStringToObject(o, "thp", thp_setting_name(mapped_file_thp_setting()));
+    cJSON_AddStringToObject(o, "load_note", li->why);
     char *text = cJSON_PrintUnformatted(o);
     if (text) puts(text);
     free(text);
@@ -277,6 +285,8 @@ static void print_table(const bench_result *r)
                backend_name, r->threads, test, rate);
     }
     printf("\n");
+    const spark_model_load_info *li = spark_model_get_load_info(r->m);
+    printf("weights: %s\n", li->why);
     if (!a->no_probe) printf("memory bandwidth (probe, %d threads): %.1f GB/s\n", r->threads, r->bw_gb_s);
     if (a->n_gen > 0)
         printf("decode: %.3f GB/token -> %.1f GB/s achieved; floor %.2f tok/s; %.1f%% of the floor\n",
@@ -346,7 +356,9 @@ int cmd_bench(int argc, char **argv)
     bench_args a = {.n_prompt = 512, .n_gen = 128, .reps = 1, .probe_mb = 1024};
     if (!parse_bench_args(argc, argv, &a)) return EXIT_USAGE;
     spark_model *m = NULL;
-    if (spark_model_load(a.model, &m) != SPARK_OK) return cli_report_error("bench");
+    if (cli_load_model(a.model, a.load_mode, 0, &m) != SPARK_OK) return cli_report_error("bench");
+    const spark_model_load_info *li = spark_model_get_load_info(m);
+    fprintf(stderr, "spark bench: weights %s (%.1f s)\n", li->why, li->seconds);
     bench_result r = {.a = &a, .m = m, .threads = a.threads > 0 ? (int)a.threads : cpu_physical_cores()};
     if (run_all(m, &a, &r) != SPARK_OK) {
         spark_model_free(m);

@@ -282,7 +282,9 @@ int cmd_inspect(int argc, char **argv)
     inspect_args a = {0};
     if (!parse_inspect(argc, argv, &a)) return EXIT_USAGE;
     spark_model *m;
-    if (spark_model_load(a.path, &m) != SPARK_OK) return cli_report_error("inspect");
+    spark_model_load_options lo = spark_model_default_load_options();
+    lo.mode = SPARK_LOAD_MMAP; /* metadata only */
+    if (spark_model_load_ex(a.path, &lo, &m) != SPARK_OK) return cli_report_error("inspect");
     const spark_model_config *c = spark_model_get_config(m);
     if (!a.ctx) a.ctx = c->max_ctx;
     if (a.ctx > c->max_ctx) {

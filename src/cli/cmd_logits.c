@@ -32,7 +32,7 @@ static const char logits_usage[] =
 
 typedef struct logits_args {
     const char *model, *out, *ids_text;
-    int all, decode, gpu;
+    int all, decode, gpu, load_mode;
     long batch, ctx, threads;
     hook_opts hooks;
     kv_opts kv;
@@ -50,8 +50,9 @@ static int parse_logits_args(int argc, char **argv, logits_args *a)
         if (r < 0) return 0;
         if (r > 0) continue;
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            printf("%s%s", logits_usage, hook_opts_help);
+            printf("%s%s%s", logits_usage, cli_load_help, hook_opts_help);
             exit(0);
+        } else if (cli_load_flag(arg, &a->load_mode)) {
         } else if (!strcmp(arg, "--all")) {
             a->all = 1;
         } else if (!strcmp(arg, "--gpu")) {
@@ -123,7 +124,7 @@ int cmd_logits(int argc, char **argv)
     spark_session *session = NULL;
     float *logits = NULL;
     int rc = EXIT_RUNTIME;
-    if (spark_model_load(a.model, &model) != SPARK_OK) goto fail;
+    if (cli_load_model(a.model, a.load_mode, a.gpu, &model) != SPARK_OK) goto fail;
     spark_session_options o = spark_session_default_options();
     o.n_ctx = (int32_t)a.ctx;
     o.n_batch = (int32_t)a.batch;

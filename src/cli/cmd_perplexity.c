@@ -34,7 +34,7 @@ static const char ppl_usage[] =
 typedef struct ppl_args {
     const char *model, *file;
     long ctx, stride, chunks, threads, ngl;
-    int json, gpu;
+    int json, gpu, load_mode;
     kv_opts kv;
 } ppl_args;
 
@@ -50,13 +50,15 @@ static int parse_ppl(int argc, char **argv, ppl_args *a)
         if (kv < 0) return 0;
         if (kv > 0) continue;
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            fputs(ppl_usage, stdout);
+            printf("%s%s", ppl_usage, cli_load_help);
             exit(0);
         } else if (!strcmp(arg, "--json")) {
             a->json = 1;
             continue;
         } else if (!strcmp(arg, "--gpu")) {
             a->gpu = 1;
+            continue;
+        } else if (cli_load_flag(arg, &a->load_mode)) {
             continue;
         } else if (!strcmp(arg, "-ngl") || !strcmp(arg, "--n-gpu-layers")) {
             num = &a->ngl, lo = 0;
@@ -151,7 +153,7 @@ int cmd_perplexity(int argc, char **argv)
     o.n_threads = (int32_t)a.threads;
     o.backend = a.gpu ? SPARK_BACKEND_CUDA : SPARK_BACKEND_CPU;
     kv_opts_apply(&a.kv, &o);
-    if (spark_model_load(a.model, &model) != SPARK_OK || spark_tokenizer_load(a.model, &tok) != SPARK_OK ||
+    if (cli_load_model(a.model, a.load_mode, a.gpu, &model) != SPARK_OK || spark_tokenizer_load(a.model, &tok) != SPARK_OK ||
         spark_tokenizer_encode(tok, text, len, SPARK_ENCODE_PARSE_SPECIAL, &ids) != SPARK_OK) {
         rc = cli_report_error("perplexity");
         goto done;

@@ -56,9 +56,10 @@ static int parse_serve_args(int argc, char **argv, srv_config *c, hook_opts *hoo
         const char *a = argv[i], *v;
         long n;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("%s%s", serve_usage, serve_steer_help);
+            printf("%s%s%s", serve_usage, cli_load_help, serve_steer_help);
             exit(0);
         }
+        if (cli_load_flag(a, &c->load_mode)) continue;
         if (!strncmp(a, "--steer", 7)) {
             if (hook_opts_parse(hooks, argc, argv, &i, "serve") < 0) return 0;
             continue;

@@ -22,6 +22,10 @@ const char gen_opts_help[] =
     "  -b, --batch N           prompt tokens per forward chunk (default 512)\n"
     KV_OPTS_HELP
     "  --gpu                   run on the GPU (CUDA; -ngl N with N > 0 is accepted too)\n"
+    "  --no-mmap               read the weights into memory (huge pages): fastest CPU decode; the default\n"
+    "                          on the CPU when the files fit in available memory with a quarter to spare\n"
+    "  --mmap                  memory-map the weights instead (no copy; the default with --gpu or when\n"
+    "                          memory is short)\n"
     "  -s, --seed N            random seed (default: from the clock; printed)\n"
     "  --temp T                temperature; 0 = greedy (default: generation_config, else 1.0)\n"
     "  --top-k K               keep the K most likely tokens (0 = off)\n"
@@ -155,6 +159,7 @@ int gen_opts_parse(gen_opts *o, int argc, char **argv, int *i, const char *comma
     if (!strcmp(a, "--show-think")) return o->show_think = 1;
     if (!strcmp(a, "--ignore-eos")) return o->ignore_eos = 1;
     if (!strcmp(a, "--gpu")) return o->gpu = 1;
+    if (cli_load_flag(a, &o->load_mode)) return 1;
     if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers")) { /* llama.cpp spelling: all layers or none */
         const char *v = cli_flag_value(argc, argv, i, command);
         long n;
@@ -212,7 +217,7 @@ int gen_env_open(gen_env *env, const gen_opts *o, const char *command)
 {
     memset(env, 0, sizeof *env);
     const char *path = o->model ? o->model : gen_default_model();
-    if (spark_model_load(path, &env->model) != SPARK_OK) return cli_report_error(command);
+    if (cli_load_model(path, o->load_mode, o->gpu, &env->model) != SPARK_OK) return cli_report_error(command);
     if (spark_tokenizer_load(path, &env->tok) != SPARK_OK) return cli_report_error(command);
     spark_session_options so = spark_session_default_options();
     so.n_ctx = (int32_t)o->ctx;

@@ -29,6 +29,7 @@ typedef struct gen_opts {
     int n_stop, ignore_eos;
     int chat, no_think, show_think;
     int gpu; /* --gpu / -ngl N (N > 0): run on the CUDA backend */
+    int load_mode; /* --mmap / --no-mmap: spark_load_mode (0 = auto) */
     const char *system;
     kv_opts kv; /* --kv-type / --kv-bits / --kv-layers */
 } gen_opts;

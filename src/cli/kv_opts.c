@@ -139,7 +139,8 @@ int kv_check_memory(const char *command, const spark_model *model, spark_session
     if (!avail) return 0; /* cannot tell: let the run try */
     uint64_t margin = avail / 20 > MARGIN_MIN ? avail / 20 : MARGIN_MIN;
     uint64_t budget = avail > margin ? avail - margin : 0;
-    uint64_t weights = spark_model_weight_bytes(model);
+    /* weights read into memory are already out of MemAvailable; mapped ones still have to come in */
+    uint64_t weights = spark_model_get_load_info(model)->mode == SPARK_LOAD_COPY ? 0 : spark_model_weight_bytes(model);
     uint64_t need = mem.kv_bytes + mem.scratch_bytes + weights;
     if (need <= budget) return 0;
     /* the context that fits: every position costs its KV rows and a token id */

@@ -482,12 +482,14 @@ static spark_status parse(gguf_file *g)
     return parse_tensors(&r, g, n_tensors);
 }
 
-spark_status gguf_open(const char *path, gguf_file *out)
+spark_status gguf_open(const char *path, gguf_file *out) { return gguf_open_ex(path, NULL, out); }
+
+spark_status gguf_open_ex(const char *path, const mapped_file_opts *opts, gguf_file *out)
 {
     memset(out, 0, sizeof *out);
     gguf_file g = {0};
     mapped_file mf;
-    TRY(mapped_file_open(path, &mf));
+    TRY(mapped_file_open_ex(path, opts, &mf));
     spark_status status = tensor_dir_adopt_file(&g.tensors, &mf);
     if (status != SPARK_OK) {
         mapped_file_close(&mf);

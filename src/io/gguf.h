@@ -78,6 +78,8 @@ typedef struct gguf_file {
  * including duplicate keys or tensor names). Nested arrays are validated and
  * skipped (depth limit 16); their kv has arr_type ARRAY and no accessors. */
 spark_status gguf_open(const char *path, gguf_file *out);
+/* The same, holding the file as `opts` says (NULL = mapped; see mapped_file.h). */
+spark_status gguf_open_ex(const char *path, const mapped_file_opts *opts, gguf_file *out);
 void gguf_close(gguf_file *g);
 
 /* Lookup by key; NULL when absent. */

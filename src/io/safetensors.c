@@ -233,10 +233,12 @@ static spark_status commit_entries(tensor_dir *dir, mapped_file *mf, int64_t n_n
     return status;
 }
 
-spark_status safetensors_append_file(const char *path, tensor_dir *dir)
+spark_status safetensors_append_file(const char *path, tensor_dir *dir) { return safetensors_append_file_ex(path, NULL, dir); }
+
+spark_status safetensors_append_file_ex(const char *path, const mapped_file_opts *opts, tensor_dir *dir)
 {
     mapped_file mf;
-    TRY(mapped_file_open(path, &mf));
+    TRY(mapped_file_open_ex(path, opts, &mf));
     uint64_t header_len = 0;
     st_file f = {0};
     cJSON *root = NULL;
@@ -314,7 +316,8 @@ static spark_status read_weight_map(const char *index_path, const cJSON *root, c
 }
 
 /* Load each distinct shard once (in file-name order). */
-static spark_status load_shards(const char *dir, const char *index_path, const cJSON **items, int n, tensor_dir *out)
+static spark_status load_shards(const char *dir, const char *index_path, const cJSON **items, int n,
+                                const mapped_file_opts *opts, tensor_dir *out)
 {
     const cJSON **by_shard = spark_calloc((size_t)n, sizeof *by_shard, "weight_map shards");
     if (!by_shard) return SPARK_ERR_NOMEM;
@@ -328,7 +331,7 @@ static spark_status load_shards(const char *dir, const char *index_path, const c
         else if (!path_exists(path))
             status = spark_fail(SPARK_ERR_MISSING, "%s: shard '%s' (listed for tensor '%s') does not exist: %s", index_path,
                                 by_shard[i]->valuestring, by_shard[i]->string, path);
-        else status = safetensors_append_file(path, out);
+        else status = safetensors_append_file_ex(path, opts, out);
         free(path);
     }
     free(by_shard);
@@ -360,7 +363,7 @@ static spark_status verify_weight_map(const char *dir, const char *index_path, c
     return status;
 }
 
-static spark_status open_sharded(const char *dir, const char *index_path, tensor_dir *out)
+static spark_status open_sharded(const char *dir, const char *index_path, const mapped_file_opts *opts, tensor_dir *out)
 {
     mapped_file mf;
     TRY(mapped_file_open(index_path, &mf));
@@ -370,21 +373,23 @@ static spark_status open_sharded(const char *dir, const char *index_path, tensor
     spark_status status = parse_json(index_path, "index", mf.data, mf.size, &root);
     mapped_file_close(&mf);
     if (status == SPARK_OK) status = read_weight_map(index_path, root, &items, &n);
-    if (status == SPARK_OK) status = load_shards(dir, index_path, items, n, out);
+    if (status == SPARK_OK) status = load_shards(dir, index_path, items, n, opts, out);
     if (status == SPARK_OK) status = verify_weight_map(dir, index_path, items, n, out);
     free(items);
     cJSON_Delete(root);
     return status;
 }
 
-spark_status safetensors_open_dir(const char *dir, tensor_dir *out)
+spark_status safetensors_open_dir(const char *dir, tensor_dir *out) { return safetensors_open_dir_ex(dir, NULL, out); }
+
+spark_status safetensors_open_dir_ex(const char *dir, const mapped_file_opts *opts, tensor_dir *out)
 {
     memset(out, 0, sizeof *out);
     char *single = join_path(dir, SINGLE_FILE), *index = join_path(dir, INDEX_FILE);
     spark_status status;
     if (!single || !index) status = SPARK_ERR_NOMEM;
-    else if (path_exists(single)) status = safetensors_append_file(single, out);
-    else if (path_exists(index)) status = open_sharded(dir, index, out);
+    else if (path_exists(single)) status = safetensors_append_file_ex(single, opts, out);
+    else if (path_exists(index)) status = open_sharded(dir, index, opts, out);
     else status = spark_fail(SPARK_ERR_MISSING, "%s: neither %s nor %s found", dir, SINGLE_FILE, INDEX_FILE);
     free(single);
     free(index);

@@ -18,6 +18,8 @@
  * shard names must stay inside DIR), else SPARK_ERR_MISSING naming both.
  * On failure *out is zeroed. */
 spark_status safetensors_open_dir(const char *dir, tensor_dir *out);
+/* The same, holding the weight files as `opts` says (NULL = mapped). */
+spark_status safetensors_open_dir_ex(const char *dir, const mapped_file_opts *opts, tensor_dir *out);
 
 /* Load one .safetensors file, appending its tensors to `dir` (which may be
  * zeroed or already hold tensors from other shards); the dir takes the
@@ -25,5 +27,6 @@ spark_status safetensors_open_dir(const char *dir, tensor_dir *out);
  * F32/F16/BF16, or more than 4 dimensions, is SPARK_ERR_UNSUPPORTED. On
  * failure `dir` is left exactly as it was. */
 spark_status safetensors_append_file(const char *path, tensor_dir *dir);
+spark_status safetensors_append_file_ex(const char *path, const mapped_file_opts *opts, tensor_dir *dir);
 
 #endif

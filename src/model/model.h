@@ -51,7 +51,19 @@ struct spark_model {
     float *final_norm;       /* (n_embd) */
     layer_weights *layers;   /* (n_layer) */
     uint64_t weight_bytes;   /* bytes the forward pass reads per token */
+    spark_model_load_info load; /* how the files are held (load.c) */
 };
+
+/* ---- load.c ---- */
+
+/* SPARK_LOAD_AUTO's choice for weight files of `file_bytes` when `avail`
+ * bytes of memory are available (0 = unknown) and the system's THP setting
+ * is `thp`: SPARK_LOAD_COPY or SPARK_LOAD_MMAP, with the reason in why[n]. */
+spark_load_mode model_choose_load(uint64_t file_bytes, uint64_t avail, thp_setting thp, char *why, size_t n);
+
+/* Memory this process may still use: MemAvailable, capped by a cgroup v2
+ * limit; 0 when unknown. */
+uint64_t model_memory_available(void);
 
 /* ---- config.c ---- */
 

@@ -278,7 +278,9 @@ spark_status quantize_model_file(const char *in, const char *out, const quantize
     spark_dtype t = o->type;
     if ((unsigned)t >= SPARK_DTYPE_COUNT) return spark_fail(SPARK_ERR_ARG, "quantize: invalid output type %d", (int)t);
     spark_model *m = NULL;
-    TRY(spark_model_load(in, &m));
+    spark_model_load_options lo = spark_model_default_load_options();
+    lo.mode = SPARK_LOAD_MMAP; /* each tensor is read once: a copy would only cost time and RAM */
+    TRY(spark_model_load_ex(in, &lo, &m));
     spark_status st = convert(m, in, out, o, rep);
     spark_model_free(m);
     return st;

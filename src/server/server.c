@@ -40,7 +40,9 @@ static void make_model_id(const char *path, char *out, size_t size)
 static int load(server *srv)
 {
     const srv_config *c = &srv->cfg;
-    if (spark_model_load(c->model_path, &srv->model) != SPARK_OK ||
+    spark_model_load_options lo = spark_model_default_load_options();
+    lo.mode = (spark_load_mode)c->load_mode;
+    if (spark_model_load_ex(c->model_path, &lo, &srv->model) != SPARK_OK ||
         spark_tokenizer_load(c->model_path, &srv->tok) != SPARK_OK) {
         fprintf(stderr, "spark serve: %s\n", spark_last_error());
         return -1;

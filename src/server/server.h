@@ -39,6 +39,7 @@
 
 typedef struct srv_config {
     const char *model_path;
+    int load_mode;       /* spark_load_mode of the weights (0 = auto) */
     const char *host;    /* numeric address or name; default 127.0.0.1 */
     int port;            /* 0: any free port (see server_port) */
     const char *api_key; /* NULL: no auth */
