@@ -346,11 +346,20 @@ spark_status spark_session_ffn_stats_start(spark_session *session, int32_t top_k
 const spark_ffn_stats *spark_session_ffn_stats(const spark_session *session); /* NULL when off */
 void spark_session_ffn_stats_stop(spark_session *session);
 
-/* Phase timing: wall time of each part of the forward pass. */
+/* Phase timing: wall time of each part of the forward pass. On a GPU
+ * session the host fields are the time the host spends issuing each phase
+ * (the work runs asynchronously); device_wait is the time the host blocks
+ * waiting for the device (copies back), and the device_* fields are the
+ * device's own time per phase, from timestamps taken on the device between
+ * the phases (device_embed stays 0: the gather is folded into attention). */
 typedef struct spark_phase_times {
     double embed, attention, ffn, head; /* seconds, summed */
     double hooks;                       /* steering / capture / statistics */
     int64_t tokens, calls;
+    double sampling;                    /* spark_generate's sampler (per generated token) */
+    int device;                         /* the device fields below are filled (GPU session) */
+    double device_wait;                 /* host blocked on the device */
+    double device_embed, device_attention, device_ffn, device_hooks, device_head;
 } spark_phase_times;
 void spark_session_timing(spark_session *session, int on); /* on also resets the sums */
 spark_phase_times spark_session_phase_times(const spark_session *session);

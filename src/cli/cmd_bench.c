@@ -14,6 +14,7 @@
  */
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/hook_opts.h"
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/probe.h"
@@ -39,6 +40,12 @@ static const char bench_usage[] =
     "  --probe-mb N        bandwidth probe buffer in MiB (default 1024)\n"
     "  --no-probe          skip both probes (their fields print as 0)\n"
     "  --json              one JSON object instead of the table\n"
+    "  --gpu               run on the GPU (CUDA; the CPU probes are skipped)\n"
+    "  --phases            phase timing of the decode test (embed / attention / FFN / hooks / head;\n"
+    "                      on the GPU also the wait for the device and the device's time per phase)\n"
+    "  instruments, to measure their cost (see spark run --help): --steer FILE [--steer-mode M\n"
+    "                      --steer-strength A --steer-layers A-B], --capture FILE --capture-positions\n"
+    "                      last|all, --ffn-hist FILE --ffn-topk K (nothing is written)\n"
     "  --no-mmap / --mmap  read the weights into memory (huge pages) or map them; default: read them\n"
     "                      when they fit in available memory with a quarter to spare (the output says which)\n";
 
@@ -46,6 +53,8 @@ typedef struct bench_args {
     const char *model;
     long n_prompt, n_gen, threads, reps, probe_mb;
     int json, no_probe, load_mode;
+    int gpu, phases;
+    hook_opts hooks;
 } bench_args;
 
 static int parse_bench_args(int argc, char **argv, bench_args *a)
@@ -62,6 +71,12 @@ static int parse_bench_args(int argc, char **argv, bench_args *a)
         } else if (cli_load_flag(arg, &a->load_mode)) {
         } else if (!strcmp(arg, "--no-probe")) {
             a->no_probe = 1;
+        } else if (!strcmp(arg, "--gpu")) {
+            a->gpu = a->no_probe = 1;
+        } else if (!strcmp(arg, "--phases")) {
+            a->phases = 1;
+        } else if (!strncmp(arg, "--steer", 7) || !strncmp(arg, "--capture", 9) || !strncmp(arg, "--ffn-", 6)) {
+            if (hook_opts_parse(&a->hooks, argc, argv, &i, cmd) != 1) return 0;
         } else if (!strcmp(arg, "-p") || !strcmp(arg, "--n-prompt")) {
             target = &a->n_prompt, lo = 0, hi = 1 << 20;
         } else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-gen")) {
@@ -326,11 +341,14 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
     o.n_ctx = (int32_t)(ctx + 1 < m->cfg.max_ctx ? ctx + 1 : m->cfg.max_ctx);
     o.n_batch = a->n_prompt > 0 ? (int32_t)(a->n_prompt < 512 ? a->n_prompt : 512) : 1;
     o.n_threads = r->threads;
+    if (a->gpu) o.backend = SPARK_BACKEND_CUDA;
     spark_session *s = NULL;
     int32_t *ids = malloc((size_t)(ctx + 1) * sizeof *ids);
     float *logits = malloc((size_t)m->cfg.n_vocab * sizeof *logits);
     double *sec = malloc((size_t)a->reps * sizeof *sec);
     spark_status st = ids && logits && sec ? spark_session_create(m, &o, &s) : SPARK_ERR_NOMEM;
+    if (st == SPARK_OK && hook_opts_apply(&a->hooks, m, s, (int32_t)(a->n_gen > 0 ? a->n_gen - 1 : 0), "bench"))
+        st = SPARK_ERR_ARG;
     if (st == SPARK_OK) {
         random_ids(ids, ctx + 1, m->cfg.n_vocab);
         fprintf(stderr, "spark bench: warming up (first pass pages the weights in)...\n");
@@ -341,8 +359,13 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
         r->pp = summarize(sec, (int)a->reps, a->n_prompt);
     }
     if (st == SPARK_OK && a->n_gen > 0) {
+        if (a->phases) spark_session_timing(s, 1);
         st = run_decode(s, ids, (int)a->n_gen, logits, (int)a->reps, sec);
         r->tg = summarize(sec, (int)a->reps, a->n_gen);
+        if (st == SPARK_OK && a->phases) {
+            fprintf(stderr, "spark bench: decode test, %ld x %ld tokens:\n", a->reps, a->n_gen);
+            hook_opts_print_timing(s, stderr);
+        }
     }
     spark_session_free(s);
     free(ids);
@@ -354,9 +377,10 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
 int cmd_bench(int argc, char **argv)
 {
     bench_args a = {.n_prompt = 512, .n_gen = 128, .reps = 1, .probe_mb = 1024};
+    hook_opts_init(&a.hooks);
     if (!parse_bench_args(argc, argv, &a)) return EXIT_USAGE;
     spark_model *m = NULL;
-    if (cli_load_model(a.model, a.load_mode, 0, &m) != SPARK_OK) return cli_report_error("bench");
+    if (cli_load_model(a.model, a.load_mode, a.gpu, &m) != SPARK_OK) return cli_report_error("bench");
     const spark_model_load_info *li = spark_model_get_load_info(m);
     fprintf(stderr, "spark bench: weights %s (%.1f s)\n", li->why, li->seconds);
     bench_result r = {.a = &a, .m = m, .threads = a.threads > 0 ? (int)a.threads : cpu_physical_cores()};

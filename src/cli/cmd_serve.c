@@ -36,7 +36,8 @@ static const char serve_usage[] =
     "  -c, --ctx N          context per session (default: the model's maximum, at most 4096)\n"
     "  --queue N            requests that may wait for a session before 503 (default 64)\n"
     "  -t, --threads N      CPU threads per session (default: cores / parallel)\n"
-    "  --max-body BYTES     request body limit, larger gets 413 (default 4194304)\n";
+    "  --max-body BYTES     request body limit, larger gets 413 (default 4194304)\n"
+    "  --gpu                run the sessions on the GPU (CUDA; each session holds the weights)\n";
 
 /* Steering for every session (--steer and its companions, as on spark run). */
 static int setup_steering(void *user, spark_model *model, spark_session *session)
@@ -60,6 +61,10 @@ static int parse_serve_args(int argc, char **argv, srv_config *c, hook_opts *hoo
             exit(0);
         }
         if (cli_load_flag(a, &c->load_mode)) continue;
+        if (!strcmp(a, "--gpu")) {
+            c->gpu = 1;
+            continue;
+        }
         if (!strncmp(a, "--steer", 7)) {
             if (hook_opts_parse(hooks, argc, argv, &i, "serve") < 0) return 0;
             continue;

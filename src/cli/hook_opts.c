@@ -226,16 +226,27 @@ static int finish_ffn(const hook_opts *h, spark_session *session, const char *co
     return rc;
 }
 
-static void print_timing(spark_session *session)
+void hook_opts_print_timing(spark_session *session, FILE *out)
 {
     spark_phase_times t = spark_session_phase_times(session);
-    double total = t.embed + t.attention + t.ffn + t.head + t.hooks;
+    double total = t.embed + t.attention + t.ffn + t.head + t.hooks + t.sampling;
     if (total <= 0) return;
-    fprintf(stderr, "phase timing over %lld tokens in %lld calls:\n", (long long)t.tokens, (long long)t.calls);
-    const char *names[] = {"embed", "attention", "ffn", "head", "hooks"};
-    double v[] = {t.embed, t.attention, t.ffn, t.head, t.hooks};
-    for (int i = 0; i < 5; i++)
-        fprintf(stderr, "  %-10s %9.3f ms  %5.1f %%\n", names[i], v[i] * 1e3, 100 * v[i] / total);
+    fprintf(out, "phase timing over %lld tokens in %lld calls%s:\n", (long long)t.tokens, (long long)t.calls,
+            t.device ? " (host: issuing the work, waiting for the device, sampling)" : "");
+    const char *names[] = {"embed", "attention", "ffn", "hooks", "head", "sampling"};
+    double v[] = {t.embed, t.attention, t.ffn, t.hooks, t.head, t.sampling};
+    for (int i = 0; i < 6; i++)
+        fprintf(out, "  %-10s %9.3f ms  %5.1f %%\n", names[i], v[i] * 1e3, 100 * v[i] / total);
+    if (!t.device) return;
+    fprintf(out, "  of which waiting for the device: %.3f ms (%.1f %%); issuing: %.3f ms\n", t.device_wait * 1e3,
+            100 * t.device_wait / total, (total - t.device_wait - t.sampling) * 1e3);
+    double dev = t.device_embed + t.device_attention + t.device_ffn + t.device_hooks + t.device_head;
+    if (dev <= 0) return;
+    fprintf(out, "device time (timestamps between the phases on the GPU; the gather counts as attention):\n");
+    const char *dn[] = {"attention", "ffn", "hooks", "head"};
+    double dv[] = {t.device_embed + t.device_attention, t.device_ffn, t.device_hooks, t.device_head};
+    for (int i = 0; i < 4; i++)
+        fprintf(out, "  %-10s %9.3f ms  %5.1f %%\n", dn[i], dv[i] * 1e3, 100 * dv[i] / dev);
 }
 
 int hook_opts_finish(const hook_opts *h, const spark_model *model, spark_session *session, const int32_t *ids,
@@ -244,6 +255,6 @@ int hook_opts_finish(const hook_opts *h, const spark_model *model, spark_session
     int rc = 0;
     if (h->capture_file) rc = finish_capture(h, spark_model_get_config(model), session, ids, n_ids, command);
     if (rc == 0 && h->ffn_file) rc = finish_ffn(h, session, command);
-    if (h->timing) print_timing(session);
+    if (h->timing) hook_opts_print_timing(session, stderr);
     return rc;
 }

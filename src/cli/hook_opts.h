@@ -7,6 +7,8 @@
 
 #include "spark.h"
 
+#include <stdio.h>
+
 enum { HOOK_MAX_STEER = 8 };
 
 typedef struct steer_opt {
@@ -43,5 +45,9 @@ int hook_opts_apply(const hook_opts *h, spark_model *model, spark_session *sessi
 /* Write the capture / statistics files and print timing. ids: the prompt. */
 int hook_opts_finish(const hook_opts *h, const spark_model *model, spark_session *session, const int32_t *ids,
                      int32_t n_ids, const char *command);
+
+/* Print the phase timing summary (host phases; on a GPU session also the
+ * wait for the device and the device's own time per phase). */
+void hook_opts_print_timing(spark_session *session, FILE *out);
 
 #endif

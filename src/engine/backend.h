@@ -42,6 +42,16 @@ typedef struct rope_class {
     double theta;
 } rope_class;
 
+/* Device-side FFN statistics of one layer (backend buffers, see ffn_observe). */
+typedef struct ffn_observe_bufs {
+    double *mass;         /* [n_ff] summed |a| per neuron */
+    uint64_t *histogram;  /* [SPARK_FFN_BUCKETS] */
+    double *overlap_sum;  /* [1] sum over token pairs of |top(t) & top(t-1)| / top_k */
+    uint8_t *prev_top;    /* [n_ff] 1 where a neuron was in the previous token's top_k */
+    int32_t *has_prev;    /* [1] a previous token exists */
+    uint8_t *scratch;     /* [n][n_ff] each row's top_k set */
+} ffn_observe_bufs;
+
 typedef struct backend backend;
 
 typedef struct backend_ops {
@@ -74,12 +84,38 @@ typedef struct backend_ops {
     void (*gelu_mul)(backend *be, float *a, const float *b, int64_t count);
     /* y[i] += x[i] */
     void (*add)(backend *be, float *y, const float *x, int64_t count);
+
+    /* ---- the instruments (engine/hooks.c), on backends whose buffers are
+     * device memory. Optional: NULL on the CPU backend, where hooks.c works
+     * on the host buffers directly. Every buffer argument is a backend
+     * buffer (from alloc); none of these synchronizes. */
+    /* buf[0..count) = host[0..count) */
+    void (*upload)(backend *be, float *buf, const float *host, size_t count);
+    /* dst[0..count) = src[0..count), both backend buffers */
+    void (*copy)(backend *be, float *dst, const float *src, size_t count);
+    /* One steering vector on each of the n rows of x ([n, dim]); mode is a
+     * spark_steer_mode, direction and unit ([dim]) the vector and d/|d|;
+     * the arithmetic is hooks.c's steer_row (projections in double). */
+    void (*steer)(backend *be, float *x, int n, int dim, int mode, float strength, const float *direction,
+                  const float *unit);
+    /* FFN statistics of one layer on act ([n, n_ff] = gelu(gate x) * up x),
+     * rows in token order, as hooks_ffn_activation computes them. */
+    void (*ffn_observe)(backend *be, const float *act, int n, int n_ff, int top_k, const ffn_observe_bufs *b);
+    /* Device timestamp at the end of everything issued so far: the device
+     * time since the previous stamp is added to sums[phase] (phase < 0: only
+     * the stamp is taken). device_times copies the sums (seconds) into
+     * out[0..count) and zeroes them; it synchronizes. */
+    void (*stamp)(backend *be, int phase);
+    void (*device_times)(backend *be, double *out, int count);
 } backend_ops;
+
 
 struct backend {
     const backend_ops *ops;
     int n_threads;
-    int device_memory; /* buffers are not host memory: the instruments (hooks.c) are unavailable */
+    int device_memory; /* buffers are not host memory: the instruments need the ops above */
+    int timing;        /* phase timing is on: measure device_wait */
+    double device_wait; /* seconds the host blocked on the device (download), while timing */
 };
 
 /* The CPU backend (backend/cpu). n_threads <= 0: all cores. */

@@ -82,6 +82,7 @@ static void head(spark_session *s, int n, float *logits, int all_positions)
         int rows = n - first < HEAD_ROWS ? n - first : HEAD_ROWS;
         be->rmsnorm(s->be, a->xn, a->x + (int64_t)first * c->n_embd, m->final_norm, rows, c->n_embd, c->rms_eps);
         be->matmul(s->be, a->logits, a->xn, &m->head, rows);
+        if (s->hooks.timing) hooks_stamp(s, PHASE_HEAD); /* device timing: before the copy waits */
         be->download(s->be, logits, a->logits, (size_t)rows * (size_t)c->n_vocab);
         logits += (size_t)rows * (size_t)c->n_vocab;
     }
@@ -102,19 +103,28 @@ spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *l
     spark_phase_times *t = &s->hooks.times;
     double mark = s->hooks.timing ? hooks_now() : 0;
     ASSERT(n > 0 && n <= s->n_batch && s->pos + n <= s->n_ctx);
+    int layer_hooks = hooks_any_layer_hook(&s->hooks);
+    if (s->hooks.capture.on) hooks_before_chunk(s, n, s->pos); /* device backends: staging */
 
     s->be->ops->embed(s->be, s->s.x, &m->embedding, ids, n); /* no scale, no norm */
+    if (s->hooks.timing) hooks_stamp(s, -1); /* device timing starts after the gather */
     lap(s, &t->embed, &mark);
     for (int i = 0; i < m->cfg.n_layer; i++) {
         attention_block(s, &m->layers[i], i, n);
+        if (s->hooks.timing) hooks_stamp(s, PHASE_ATTENTION);
         lap(s, &t->attention, &mark);
         ffn_block(s, &m->layers[i], i, n);
+        if (s->hooks.timing) hooks_stamp(s, PHASE_FFN);
         lap(s, &t->ffn, &mark);
         /* the layer's whole contribution is in: steering first, then capture */
-        if (hooks_any_layer_hook(&s->hooks)) hooks_after_layer(s, s->s.x, i, n, s->pos);
+        if (layer_hooks) {
+            hooks_after_layer(s, s->s.x, i, n, s->pos);
+            if (s->hooks.timing) hooks_stamp(s, PHASE_HOOKS);
+        }
         lap(s, &t->hooks, &mark);
     }
     if (logits) head(s, n, logits, all_positions);
+    if (s->hooks.capture.on) hooks_after_chunk(s, s->pos); /* device backends: captured rows back */
     lap(s, &t->head, &mark);
     t->tokens += n;
     t->calls++;

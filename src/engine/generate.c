@@ -135,9 +135,11 @@ static spark_status generate_loop(gen_state *g)
             g->r->finish = SPARK_FINISH_CANCELLED;
             return SPARK_OK;
         }
+        double t0 = s->hooks.timing ? hooks_now() : 0;
         int32_t id = spark_sampler_sample(g->sampler, s->logits);
         if (id < 0) return spark_fail(SPARK_ERR_ARG, "sampling: every token is banned by the logit bias");
         spark_sampler_accept(g->sampler, id);
+        if (s->hooks.timing) s->hooks.times.sampling += hooks_now() - t0;
         g->r->n_generated++;
         if (is_stop_id(s, p, id)) {
             g->r->finish = SPARK_FINISH_EOS;

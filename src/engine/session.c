@@ -171,6 +171,7 @@ void spark_session_free(spark_session *s)
 {
     if (!s) return;
     if (s->be) {
+        hooks_release(s); /* the instruments' device buffers, while the backend lives */
         float **bufs = (float **)&s->s;
         for (size_t i = 0; i < sizeof s->s / sizeof(float *); i++) s->be->ops->release(s->be, bufs[i]);
         if (s->kv) {

@@ -80,6 +80,7 @@ int server_open(const srv_config *cfg, server **out)
     spark_session_options so = spark_session_default_options();
     so.n_ctx = srv->n_ctx;
     so.n_threads = threads_per_session(cfg);
+    if (cfg->gpu) so.backend = SPARK_BACKEND_CUDA;
     /* a follow-up request usually shares all but the last reply's tail with the
      * previous one: ring slack makes rewinding to the shared prefix free */
     so.n_rewind = SERVER_REWIND_SLACK;

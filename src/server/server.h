@@ -47,6 +47,7 @@ typedef struct srv_config {
     int n_ctx;           /* per session; 0: min(model max, 4096) */
     int queue;           /* requests waiting beyond the busy sessions */
     int threads;         /* CPU threads per session; 0: cores / parallel */
+    int gpu;             /* sessions on the CUDA backend (each holds its own copy of the weights) */
     size_t max_body;     /* request body limit in bytes */
     const char *script;  /* test mode: replies replayed from this file */
     /* called for each session after it is created (e.g. to add steering);

@@ -37,6 +37,7 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 namespace {
 
@@ -85,6 +86,7 @@ struct cuda_backend {
     cmd *fq;         /* the fused form of q */
     size_t nfq, fqcap;
     long fused;      /* commands the last fusion removed */
+    unsigned long long *stamps; /* phase timing: last stamp + per-phase sums, ns (cuda_stamp) */
 };
 
 cuda_backend *cuda_of(backend *be) { return (cuda_backend *)be; }
@@ -246,7 +248,15 @@ void cuda_download(backend *be, float *host_dst, const float *buf, size_t count)
     use_device(cb);
     flush(cb);
     CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
+    if (!be->timing) {
+        CK(cudaStreamSynchronize(cb->st));
+        return;
+    }
+    struct timespec t0, t1; /* phase timing: the host's wait for the device */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     CK(cudaStreamSynchronize(cb->st));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    be->device_wait += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 }
 
 void cuda_destroy(backend *be)
@@ -263,6 +273,7 @@ void cuda_destroy(backend *be)
     free(cb->q);
     free(cb->gq);
     free(cb->fq);
+    cudaFree(cb->stamps);
     cudaFree(cb->d_pos);
     for (size_t i = 0; i < cb->cap; i++)
         if (cb->tab[i].host) cudaFree(cb->tab[i].dev);
@@ -280,7 +291,8 @@ void cuda_destroy(backend *be)
 
 enum cmd_op { OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_ATTN, OP_KV, OP_GATE, OP_GELU, OP_ADD,
               OP_FGEMV, /* fused: [rmsnorm] + 1-2 matmuls [+ gelu-mul | + residual add] (fg) */
-              OP_ROPEKV /* fused: rope q, rope k, kv store (before the attention that follows) */ };
+              OP_ROPEKV, /* fused: rope q, rope k, kv store (before the attention that follows) */
+              OP_HOOK /* an instrument (cuda_hooks.cu): steering, capture copy, FFN statistics, timestamp */ };
 
 /* Zero-filled before use, so two commands compare equal bytewise exactly
  * when they launch the same work (padding included). No field depends on
@@ -296,6 +308,7 @@ struct cmd {
     const int32_t *ids;
     cu_attn_args attn;
     cu_fgemv_args fg;
+    cu_hook_args hk;
 };
 
 /* bf16 weights, many tokens: tensor-core GEMM on x = hi + lo (two bf16 halves). */
@@ -392,6 +405,7 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_GATE: CK(cu_gate_heads(st, c->out, c->x, c->n, c->heads, c->head_dim)); return;
     case OP_GELU: CK(cu_gelu_mul(st, c->out, c->x, c->count)); return;
     case OP_ADD: CK(cu_add(st, c->out, c->x, c->count)); return;
+    case OP_HOOK: CK(cu_hook(st, &c->hk)); return;
     }
 }
 
@@ -851,10 +865,122 @@ void cuda_add(backend *be, float *y, const float *x, int64_t count)
     elementwise(cuda_of(be), OP_ADD, y, x, count);
 }
 
+/* ---- the instruments (engine/hooks.c; kernels in cuda_hooks.cu) ------------------
+ * Each is one OP_HOOK command: inside a recorded decode step it is recorded
+ * and captured into the step's graph with the rest (the persistent step
+ * kernel takes no step that has one: such steps run as graphs). */
+
+void cuda_upload(backend *be, float *buf, const float *host, size_t count)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    flush(cb);
+    CK(cudaMemcpyAsync(buf, host, count * sizeof(float), cudaMemcpyHostToDevice, cb->st));
+    CK(cudaStreamSynchronize(cb->st)); /* pageable source */
+}
+
+void hook(cuda_backend *cb, cu_hook_args *h)
+{
+    cmd c = new_cmd(OP_HOOK, cb->recording ? 1 : 0);
+    c.hk = *h;
+    submit(cb, &c);
+}
+
+void cuda_copy(backend *be, float *dst, const float *src, size_t count)
+{
+    use_device(cuda_of(be));
+    cu_hook_args h;
+    memset(&h, 0, sizeof h);
+    h.kind = CU_HOOK_COPY;
+    h.x = dst;
+    h.src = src;
+    h.count = (int64_t)count;
+    hook(cuda_of(be), &h);
+}
+
+void cuda_steer(backend *be, float *x, int n, int dim, int mode, float strength, const float *direction,
+                const float *unit)
+{
+    use_device(cuda_of(be));
+    cu_hook_args h;
+    memset(&h, 0, sizeof h);
+    h.kind = CU_HOOK_STEER;
+    h.n = n;
+    h.dim = dim;
+    h.mode = mode;
+    h.strength = strength;
+    h.x = x;
+    h.dir = direction;
+    h.unit = unit;
+    hook(cuda_of(be), &h);
+}
+
+void cuda_ffn_observe(backend *be, const float *act, int n, int n_ff, int top_k, const ffn_observe_bufs *b)
+{
+    use_device(cuda_of(be));
+    cu_hook_args h;
+    memset(&h, 0, sizeof h);
+    h.kind = CU_HOOK_FFN;
+    h.n = n;
+    h.dim = n_ff;
+    h.top_k = top_k;
+    h.src = act;
+    h.mass = b->mass;
+    h.overlap = b->overlap_sum;
+    h.hist = (unsigned long long *)b->histogram;
+    h.prev = b->prev_top;
+    h.scratch = b->scratch;
+    h.has_prev = b->has_prev;
+    hook(cuda_of(be), &h);
+}
+
+enum { STAMP_SLOTS = 16 }; /* [0] the last stamp, [1 + phase] the sums */
+
+void stamps_ready(cuda_backend *cb)
+{
+    if (cb->stamps) return;
+    flush(cb);
+    CK(cudaMalloc((void **)&cb->stamps, STAMP_SLOTS * sizeof *cb->stamps));
+    CK(cudaMemsetAsync(cb->stamps, 0, STAMP_SLOTS * sizeof *cb->stamps, cb->st));
+}
+
+void cuda_stamp(backend *be, int phase)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    if (phase >= STAMP_SLOTS - 1) return;
+    if (!cb->stamps) { /* first use: allocate outside any recorded step */
+        bool rec = cb->recording;
+        if (rec) return; /* (spark_session_timing allocates them: not reached) */
+        stamps_ready(cb);
+    }
+    cu_hook_args h;
+    memset(&h, 0, sizeof h);
+    h.kind = CU_HOOK_STAMP;
+    h.phase = phase;
+    h.stamps = cb->stamps;
+    hook(cb, &h);
+}
+
+void cuda_device_times(backend *be, double *out, int count)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    stamps_ready(cb);
+    flush(cb);
+    unsigned long long v[STAMP_SLOTS];
+    CK(cudaMemcpyAsync(v, cb->stamps, sizeof v, cudaMemcpyDeviceToHost, cb->st));
+    CK(cudaMemsetAsync(cb->stamps + 1, 0, (STAMP_SLOTS - 1) * sizeof *cb->stamps, cb->st));
+    CK(cudaStreamSynchronize(cb->st));
+    for (int i = 0; i < count; i++) out[i] = i + 1 < STAMP_SLOTS ? 1e-9 * (double)v[1 + i] : 0;
+}
+
 const backend_ops cuda_ops = {
     "cuda",          cuda_alloc,     cuda_release,  cuda_download,   cuda_destroy,
     cuda_embed,      cuda_rmsnorm,   cuda_matmul,   cuda_rope,       cuda_attention,
     cuda_kv_store,   cuda_gate_heads, cuda_gelu_mul, cuda_add,
+    cuda_upload,     cuda_copy,      cuda_steer,    cuda_ffn_observe, cuda_stamp,
+    cuda_device_times,
 };
 
 /* Every tensor the forward pass reads, uploaded now so the first token does

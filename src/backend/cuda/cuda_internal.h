@@ -122,4 +122,24 @@ cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, i
  * (checked once, at backend creation; synchronizes `st`). */
 bool cu_pdl_probe(cudaStream_t st);
 
+/* ---- the instruments (cuda_hooks.cu; engine/hooks.c through backend.h) ----
+ * One command kind for all of them, so a recorded decode step carries them
+ * into its graph like any other op (no field depends on the position). */
+enum { CU_HOOK_STEER = 1, CU_HOOK_COPY, CU_HOOK_FFN, CU_HOOK_STAMP };
+typedef struct cu_hook_args {
+    int kind;
+    int n, dim, mode, top_k, phase; /* rows; row width (n_embd or n_ff); steer mode; top-k; stamp phase */
+    float strength;
+    float *x;                       /* steer: the rows, in place; copy: destination */
+    const float *src;               /* copy: source; ffn: the activations [n][dim] */
+    const float *dir, *unit;        /* steer: d and d/|d| */
+    double *mass, *overlap;         /* ffn: [dim], [1] */
+    unsigned long long *hist;       /* ffn: [64] */
+    unsigned char *prev, *scratch;  /* ffn: [dim] previous top set, [n][dim] the rows' top sets */
+    int32_t *has_prev;              /* ffn: [1] */
+    unsigned long long *stamps;     /* stamp: [0] the last timestamp (ns), [1 + phase] the sums */
+    int64_t count;                  /* copy: floats */
+} cu_hook_args;
+cudaError_t cu_hook(cudaStream_t st, const cu_hook_args *a);
+
 #endif
