@@ -24,8 +24,8 @@ if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -
     export LD_LIBRARY_PATH=$SYS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 fi
 SHAPE="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
-( timeout 100 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE --layers 4 --max-ctx 4096 >/tmp/models.log 2>&1
-  timeout 200 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE --layers 36 --max-ctx 132000 >>/tmp/models.log 2>&1
+timeout 100 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE --layers 4 --max-ctx 4096 >/tmp/models.log 2>&1 &
+( timeout 200 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE --layers 36 --max-ctx 132000 >/tmp/models36.log 2>&1
   echo done >/tmp/models.done ) &
 
 stamp build
@@ -47,7 +47,7 @@ export SPARK_CUDA_REPORT=$OUT/errors.jsonl
 PYTHONPATH=tools:tests/py timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE -k flash tests/py/test_cuda.py \
     >"$OUT/tests.log" 2>&1 &
 PA=$!
-PYTHONPATH=tools:tests/py timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE -k "not flash" tests/py/test_cuda.py \
+PYTHONPATH=tools:tests/py timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE -k "not flash and not kv_ and not tq4 and not device_memory" tests/py/test_cuda.py \
     >"$OUT/tests2.log" 2>&1 &
 PB=$!
 for _ in $(seq 100); do [ -s /tmp/models.log ] && grep -q "m4b2\|wrote\|GB" /tmp/models.log && break; sleep 1; done
@@ -60,15 +60,13 @@ def run(ids, out, *extra, env=None):
                    check=True, env=dict(os.environ, **(env or {})))
     return np.load(out).astype(np.float64)
 def rel(a, b): return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
-for n, batch in ((600, "512"), (1500, "512"), (1500, "96")):
-    ids = np.random.default_rng(5 + n).integers(3, 131072, n)
-    cpu = run(ids, "/tmp/c.npy")
+ids = np.random.default_rng(7).integers(3, 131072, 1500)
+cpu = run(ids, "/tmp/c.npy")
+for batch in ("512", "96"):
     fl = run(ids, "/tmp/f.npy", "--gpu", "--batch", batch)
-    old = run(ids, "/tmp/o.npy", "--gpu", "--batch", batch, env={"SPARK_CUDA_FLASH": "0"})
-    e, f, g = rel(fl, cpu), rel(old, cpu), rel(fl, old)
-    print(f"check 4B shape 4 layers (SSSF), {n} tokens, batch {batch}: flash vs cpu max rel L2 {e.max():.3g} "
-          f"(mean {e.mean():.3g}); old kernel vs cpu {f.max():.3g} (mean {f.mean():.3g}); flash vs old {g.max():.3g}"
-          f"{'  OK' if e.max() <= 1e-3 and np.isfinite(fl).all() else '  FAIL'}", flush=True)
+    e = rel(fl, cpu)
+    print(f"check 4B shape 4 layers (SSSF), 1500 tokens, batch {batch}: flash vs cpu max rel L2 {e.max():.3g} "
+          f"(mean {e.mean():.3g}){'  OK' if e.max() <= 1e-3 and np.isfinite(fl).all() else '  FAIL'}", flush=True)
 PY
 grep -E "^check|Error|error" "$OUT/check.log" | tee -a "$S"
 wait $PA $PB
@@ -83,7 +81,7 @@ print(f'errors: {len(rows)} checks recorded; worst {w}')" 2>&1 | tee -a "$S"
 
 stamp "bench: waiting for the 36-layer model"
 for _ in $(seq 200); do [ -f /tmp/models.done ] && break; sleep 1; done
-tail -2 /tmp/models.log | tee -a "$S"
+tail -1 /tmp/models36.log | tee -a "$S"
 stamp bench
 nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks before: /' | tee -a "$S"
 timeout ${BENCH_S:-150} build-gpu/flash_bench /tmp/m4b --ctx 131584 512 8192 32512 131072 2>&1 | tee "$OUT/bench.log" | tee -a "$S"

@@ -158,8 +158,9 @@ def test_ngl_is_a_synonym(gpu, tmp_path):
 # Prompts long enough for the tensor-core prefill attention (cuda_flash.cu:
 # chunks of >= 16 queries over an f32 cache): windows that wrap many times,
 # chunks that read keys from the cache and the qkv buffer at once, key
-# splits (few row blocks, long full layers), head_dim 40 / 64 / 256
-# (padded to 64 / 64 / 256), groups 1, 4 and 8.
+# splits (few row blocks, long full layers), head_dim 40 / 64 / 96 / 200 /
+# 256 (padded to 64 / 64 / 128 / 256 / 256: every kernel instance but the
+# 32 one, which the shorter tests above reach), groups 1, 2, 4 and 8.
 FLASH_SHAPES = {
     "flash_d256_gqa4": dict(hidden=512, ff=1024, layers=4, heads=8, kv_heads=2, head_dim=256, vocab=1024, window=48,
                             pattern="SSSF", prompt=700, seed=11, max_ctx=2048),
@@ -167,6 +168,10 @@ FLASH_SHAPES = {
                           pattern="SFS", prompt=300, seed=12, max_ctx=1024),
     "flash_d64_gqa8": dict(hidden=256, ff=512, layers=4, heads=8, kv_heads=1, head_dim=64, vocab=512, window=32,
                            pattern="SSSF", prompt=400, seed=13, max_ctx=1024),
+    "flash_d96_gqa2": dict(hidden=192, ff=384, layers=4, heads=4, kv_heads=2, head_dim=96, vocab=512, window=24,
+                           pattern="SFSF", prompt=350, seed=14, max_ctx=1024),
+    "flash_d200_gqa4": dict(hidden=256, ff=512, layers=4, heads=4, kv_heads=1, head_dim=200, vocab=512, window=40,
+                            pattern="SSSF", prompt=450, seed=15, max_ctx=1024),
 }
 
 

@@ -35,16 +35,20 @@
 
 namespace {
 
-constexpr int FL_WARPS = 4, FL_THREADS = FL_WARPS * 32, FL_BM = 16 * FL_WARPS;
+constexpr int FL_WARPS = 4, FL_BM = 16 * FL_WARPS; /* row groups of 16; each is 1 or 2 warps (NS) */
 constexpr float LOG2E = 1.4426950408889634f;
 
 template <int DP> struct fl_cfg {
     static constexpr int BN = DP >= 128 ? 32 : 64;   /* keys per tile */
+    static constexpr int NS = DP >= 256 ? 2 : 1;     /* warps per row group: each takes DP / NS of the dims */
+    static constexpr int THREADS = FL_WARPS * NS * 32;
+    static constexpr int DW = DP / NS;               /* dims per warp */
+    static constexpr int SX_FLOATS = NS > 1 ? NS * FL_WARPS * (BN / 2) * 32 : 0; /* partial scores exchanged */
     static constexpr int LD = DP + 8;                /* bf16 per smem row: 16-byte rows, conflict-free ldmatrix */
     static constexpr int Q_ELEMS = FL_BM * LD;       /* one of Qh, Ql */
     static constexpr int KV_ELEMS = BN * LD;         /* one of Kh, Kl, Vh, Vl */
     static constexpr int ST_FLOATS = BN * DP;        /* one of the float32 staging tiles (K, V) */
-    static constexpr size_t SMEM = (size_t)(2 * Q_ELEMS + 4 * KV_ELEMS) * 2 + (size_t)2 * ST_FLOATS * 4;
+    static constexpr size_t SMEM = (size_t)(2 * Q_ELEMS + 4 * KV_ELEMS) * 2 + (size_t)(2 * ST_FLOATS + SX_FLOATS) * 4;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -108,17 +112,19 @@ __device__ __forceinline__ void split4_store(__nv_bfloat16 *hi, __nv_bfloat16 *l
 
 /* One block: FL_BM rows of kv head blockIdx.y, key split blockIdx.z. */
 template <int DP>
-__global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
+__global__ void __launch_bounds__(fl_cfg<DP>::THREADS) flash_kernel(cu_attn_args a)
 {
     using C = fl_cfg<DP>;
-    constexpr int BN = C::BN, LD = C::LD, V4 = DP / 4;
+    constexpr int BN = C::BN, LD = C::LD, V4 = DP / 4, NT = C::THREADS, NS = C::NS, DW = C::DW;
     extern __shared__ __align__(16) unsigned char fl_smem[];
     __nv_bfloat16 *Qh = (__nv_bfloat16 *)fl_smem, *Ql = Qh + C::Q_ELEMS;
     __nv_bfloat16 *Kh = Ql + C::Q_ELEMS, *Kl = Kh + C::KV_ELEMS, *Vh = Kl + C::KV_ELEMS, *Vl = Vh + C::KV_ELEMS;
-    float *stK = (float *)(Vl + C::KV_ELEMS), *stV = stK + C::ST_FLOATS;
+    float *stK = (float *)(Vl + C::KV_ELEMS), *stV = stK + C::ST_FLOATS, *Sx = stV + C::ST_FLOATS;
 
     const int D = a.head_dim, G = a.n_head / a.n_head_kv, kh = blockIdx.y, split = blockIdx.z;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int tid = threadIdx.x, lane = tid % 32;
+    /* warp -> row group rg (16 rows) and dim part hf (dims hf * DW .. + DW) */
+    const int rg = (tid / 32) % FL_WARPS, hf = (tid / 32) / FL_WARPS, d_lo = hf * DW;
     const int64_t rows = (int64_t)a.n * G;
     const int64_t R0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * FL_BM; /* the longest key ranges first */
     const int64_t q_dim = (int64_t)a.n_head * D, kv_dim = (int64_t)a.n_head_kv * D;
@@ -139,7 +145,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
     /* staging copy of tile `it` (keys s_begin + it * BN ..) */
     auto issue = [&](int it) {
         const int64_t jt = s_begin + (int64_t)it * BN;
-        for (int i = tid; i < BN * V4; i += FL_THREADS) {
+        for (int i = tid; i < BN * V4; i += NT) {
             int kk = i / V4, d = (i % V4) * 4;
             int64_t j = jt + kk;
             bool ok = j < s_end && d < D;
@@ -164,7 +170,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
 
     /* Q rows, scaled into log2 units, split */
     const float qs = a.scale * LOG2E;
-    for (int i = tid; i < FL_BM * V4; i += FL_THREADS) {
+    for (int i = tid; i < FL_BM * V4; i += NT) {
         int r = i / V4, d = (i % V4) * 4;
         int64_t R = R0 + r;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -185,16 +191,16 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
     int64_t prow[2];
 #pragma unroll
     for (int k = 0; k < 2; k++) {
-        int64_t R = R0 + warp * 16 + g + 8 * k;
+        int64_t R = R0 + rg * 16 + g + 8 * k;
         if (R >= rows) R = rows - 1; /* padding rows: any finite result, never written */
         prow[k] = pos0 + R / G;
     }
-    float o[DP / 8][4];
+    float o[DW / 8][4]; /* dims d_lo + 8 i + 2 tq, + 1 */
 #pragma unroll
-    for (int i = 0; i < DP / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < DW / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-    const __nv_bfloat16 *qa_h = Qh + (warp * 16 + (lane % 8) + 8 * ((lane / 8) & 1)) * LD + 8 * (lane / 16);
+    const __nv_bfloat16 *qa_h = Qh + (rg * 16 + (lane % 8) + 8 * ((lane / 8) & 1)) * LD + 8 * (lane / 16);
     const __nv_bfloat16 *qa_l = qa_h + C::Q_ELEMS;
     const int k_off = ((lane % 8) + 8 * (lane / 16)) * LD + 8 * ((lane / 8) & 1); /* K: non-transposed x4 */
     const int v_off = ((lane % 8) + 8 * ((lane / 8) & 1)) * LD + 8 * (lane / 16); /* V: transposed x4 */
@@ -203,7 +209,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
         const int64_t jt = s_begin + (int64_t)it * BN;
         cp_wait_all();
         __syncthreads(); /* staging holds tile it; every warp is done with tile it - 1 */
-        for (int i = tid; i < BN * V4; i += FL_THREADS) {
+        for (int i = tid; i < BN * V4; i += NT) {
             int kk = i / V4, d = (i % V4) * 4;
             split4_store(Kh + kk * LD + d, Kl + kk * LD + d, *(const float4 *)(stK + kk * DP + d));
             split4_store(Vh + kk * LD + d, Vl + kk * LD + d, *(const float4 *)(stV + kk * DP + d));
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll 2
-        for (int kd = 0; kd < DP; kd += 16) {
+        for (int kd = d_lo; kd < d_lo + DW; kd += 16) {
             if (kd >= D) break;
             uint32_t qh[4], ql[4];
             ldsm_x4(qh, qa_h + kd);
@@ -233,6 +239,19 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
                 mma16816(s[nt], ql, bh[0], bh[1]);
                 mma16816(s[nt + 1], ql, bh[2], bh[3]);
             }
+        }
+
+        if (NS > 1) {
+            /* add the other dim part's partial scores: both warps of the row
+             * group then hold the same sums (a + b == b + a), so the same
+             * softmax; Sx[part][row group][element][lane] */
+            float *mine = Sx + ((hf * FL_WARPS + rg) * (BN / 2)) * 32 + lane;
+            const float *other = Sx + (((1 - hf) * FL_WARPS + rg) * (BN / 2)) * 32 + lane;
+#pragma unroll
+            for (int e = 0; e < BN / 2; e++) mine[e * 32] = s[e / 4][e % 4];
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + rg), "r"(NS * 32) : "memory");
+#pragma unroll
+            for (int e = 0; e < BN / 2; e++) s[e / 4][e % 4] += other[e * 32];
         }
 
         /* mask: key j valid for row p iff j < s_end, j <= p, and p - j < window */
@@ -267,7 +286,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
             }
             l[k] = l[k] * corr + sum;
 #pragma unroll
-            for (int i = 0; i < DP / 8; i++) {
+            for (int i = 0; i < DW / 8; i++) {
                 o[i][2 * k] *= corr;
                 o[i][2 * k + 1] *= corr;
             }
@@ -282,11 +301,11 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
             split2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);
             split2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);
 #pragma unroll
-            for (int dt = 0; dt < DP / 8; dt += 2) {
-                if (dt * 8 < D) {
+            for (int dt = 0; dt < DW / 8; dt += 2) {
+                if (d_lo + dt * 8 < D) {
                     uint32_t bh[4], bl[4];
-                    ldsm_x4_t(bh, Vh + kk * 16 * LD + v_off + dt * 8);
-                    ldsm_x4_t(bl, Vl + kk * 16 * LD + v_off + dt * 8);
+                    ldsm_x4_t(bh, Vh + kk * 16 * LD + v_off + d_lo + dt * 8);
+                    ldsm_x4_t(bl, Vl + kk * 16 * LD + v_off + d_lo + dt * 8);
                     mma16816(o[dt], ph, bh[0], bh[1]);
                     mma16816(o[dt + 1], ph, bh[2], bh[3]);
                     mma16816(o[dt], ph, bl[0], bl[1]);
@@ -304,7 +323,7 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
         float L = l[k];
         L += __shfl_xor_sync(0xffffffffu, L, 1);
         L += __shfl_xor_sync(0xffffffffu, L, 2);
-        const int64_t R = R0 + warp * 16 + g + 8 * k;
+        const int64_t R = R0 + rg * 16 + g + 8 * k;
         if (R >= rows) continue;
         const int64_t t = R / G;
         const int h = kh * G + (int)(R % G);
@@ -313,19 +332,19 @@ __global__ void __launch_bounds__(FL_THREADS) flash_kernel(cu_attn_args a)
             if (a.gate) f *= 1.0f / (1.0f + expf(-a.gate[t * a.n_head + h]));
             float *dst = a.out + (t * a.n_head + h) * D;
 #pragma unroll
-            for (int dt = 0; dt < DP / 8; dt++) {
-                int d = dt * 8 + 2 * tq;
+            for (int dt = 0; dt < DW / 8; dt++) {
+                int d = d_lo + dt * 8 + 2 * tq;
                 if (d < D) *(float2 *)(dst + d) = make_float2(o[dt][2 * k] * f, o[dt][2 * k + 1] * f);
             }
         } else {
             float *ws = a.ws + ((t * a.n_head + h) * a.splits + split) * (int64_t)(D + 2);
-            if (tq == 0) {
+            if (tq == 0 && hf == 0) {
                 ws[0] = m[k];
                 ws[1] = L;
             }
 #pragma unroll
-            for (int dt = 0; dt < DP / 8; dt++) {
-                int d = dt * 8 + 2 * tq;
+            for (int dt = 0; dt < DW / 8; dt++) {
+                int d = d_lo + dt * 8 + 2 * tq;
                 if (d < D) {
                     ws[2 + d] = o[dt][2 * k];
                     ws[3 + d] = o[dt][2 * k + 1];
@@ -383,7 +402,7 @@ template <int DP> cudaError_t launch_flash(cudaStream_t st, const cu_attn_args *
     int G = a->n_head / a->n_head_kv;
     int64_t rows = (int64_t)a->n * G;
     dim3 grid((unsigned)((rows + FL_BM - 1) / FL_BM), (unsigned)a->n_head_kv, (unsigned)a->splits);
-    flash_kernel<DP><<<grid, FL_THREADS, smem, st>>>(*a);
+    flash_kernel<DP><<<grid, fl_cfg<DP>::THREADS, smem, st>>>(*a);
     return cudaGetLastError();
 }
 
