@@ -94,10 +94,23 @@ def run(cmd, **kw):
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
-def bench(spark, model, p, n, threads, reps=1):
-    cmd = [spark, "bench", model, "-p", p, "-n", n, "-r", reps, "--json"]
+MAX_LOAD = None  # --max-load: wait for a quieter minute before each run
+
+
+def wait_for_quiet(limit_s=900):
+    """Sleep until the 1-minute load average is below MAX_LOAD (or limit_s passed)."""
+    if MAX_LOAD is None:
+        return
+    t0 = time.time()
+    while os.getloadavg()[0] >= MAX_LOAD and time.time() - t0 < limit_s:
+        time.sleep(10)
+
+
+def bench(spark, model, p, n, threads, reps=1, extra=()):
+    cmd = [spark, "bench", model, "-p", p, "-n", n, "-r", reps, "--json", *extra]
     if threads:
         cmd += ["-t", threads]
+    wait_for_quiet()
     load0 = os.getloadavg()[0]
     out = json.loads(run(cmd, capture_output=True, text=True).stdout)
     out["load_before"], out["load_after"] = load0, os.getloadavg()[0]
@@ -118,7 +131,7 @@ def row(label, r):
     return (f"| {label} | {r['weights_bytes'] / 2**30:.2f} GiB | {r['threads']} | pp{r['pp_tokens']}: {pp} | "
             f"{r['pp_gflop_s']:.1f} ({r['pp_peak_pct']:.0f}% of {r['fma_peak_gflop_s']:.0f}) | "
             f"tg{r['tg_tokens']}: {tg} | {r['tg_gb_s']:.2f} | {r['bandwidth_gb_s']:.2f} | "
-            f"**{r['floor_pct']:.1f}%** | {r['load_before']:.2f} / {r['load_after']:.2f} |")
+            f"**{r['floor_pct']:.1f}%** | {r.get('load_mode', 'mmap')} | {r['load_before']:.2f} / {r['load_after']:.2f} |")
 
 
 def section(results, prev, args, gen_s, quant_s):
@@ -134,11 +147,12 @@ def section(results, prev, args, gen_s, quant_s):
              "Prefill GFLOP/s counts 2 per multiply-add in the matrices plus attention, against the FMA probe. "
              "Load = 1-minute load average before / after (the machine is shared with other jobs).", "",
              "| model | weights | threads | prefill t/s | prefill GFLOP/s (% of peak) | decode t/s | decode GB/s | "
-             "probe GB/s | % of floor | load |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [row(label, r) for label, r in results]
-    if prev:
-        lines += [row("bf16, previous build (plain C + OpenMP)", prev)]
+             "probe GB/s | % of floor | weights held | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label, r in results:
+        lines.append(row(label, r))
+        if label in prev:
+            lines.append(row(f"{label}, previous build", prev[label]))
     lines += ["", "llama.cpp: not installable here (`apt-cache policy llama.cpp` has no candidate on Debian 12), "
                   "so no same-run comparison.", ""]
     return "\n".join(lines)
@@ -152,19 +166,26 @@ def main():
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", type=int, default=0)
-    ap.add_argument("--prev", help="a previous spark binary to bench on the bf16 file (short run)")
+    ap.add_argument("--prev", help="a previous spark binary, benched on the same files right after each row")
+    ap.add_argument("--prev-types", default="bf16", help="the types to bench --prev on (default bf16)")
     ap.add_argument("--prev-p", type=int, default=32)
     ap.add_argument("--prev-n", type=int, default=8)
+    ap.add_argument("--max-load", type=float, help="before each run, wait (up to 15 min) for a 1-minute load "
+                                                      "average below this")
+    ap.add_argument("--bench-args", default="", help="extra `spark bench` arguments for the current build "
+                                                       "(e.g. --mmap)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--record", help="append the section to this markdown file")
     a = ap.parse_args()
+    global MAX_LOAD
+    MAX_LOAD = a.max_load
     d = Path(a.dir)
     d.mkdir(parents=True, exist_ok=True)
     src = d / "spark-4b-bf16.gguf"
     gen_s = 0.0
     if not src.exists():
         gen_s = make_bf16_gguf(src)
-    quant_s, results = {}, []
+    quant_s, results, prev = {}, [], {}
     try:
         for t in a.types.split(","):
             path = src if t == "bf16" else d / f"spark-4b-{t}.gguf"
@@ -173,9 +194,11 @@ def main():
                 flag = ["--recipe", "q4_k_m"] if t == "q4_k_m" else ["--type", t]
                 run([a.spark, "quantize", src, path, *flag, "-q"] + (["-t", a.t] if a.t else []))
                 quant_s[t] = time.time() - t0
-            results.append((t, bench(a.spark, path, a.p, a.n, a.t)))
+            results.append((t, bench(a.spark, path, a.p, a.n, a.t, extra=a.bench_args.split())))
             print(json.dumps(results[-1][1]), flush=True)
-        prev = bench(a.prev, src, a.prev_p, a.prev_n, a.t) if a.prev else None
+            if a.prev and t in a.prev_types.split(","):
+                prev[t] = bench(a.prev, path, a.prev_p, a.prev_n, a.t)
+                print(json.dumps(prev[t]), flush=True)
         text = section(results, prev, a, gen_s, quant_s)
         print(text)
         if a.record:

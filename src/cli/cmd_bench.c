@@ -225,6 +225,7 @@ typedef struct bench_result {
     const spark_model *m;
     int threads;
     double bw_gb_s, peak_gflop_s;
+    double bw_before, bw_after; /* the bandwidth probe before and after the tests; bw_gb_s = the larger */
     stats pp, tg;
     double pp_gflop_s, pp_peak_pct;
     double tg_bytes, tg_gb_s, floor_tok_s, floor_pct;
@@ -260,6 +261,8 @@ static void print_json(const bench_result *r)
     cJSON_AddNumberToObject(o, "tg_bytes_per_token", r->tg_bytes);
     cJSON_AddNumberToObject(o, "tg_gb_s", r->tg_gb_s);
     cJSON_AddNumberToObject(o, "bandwidth_gb_s", r->bw_gb_s);
+    cJSON_AddNumberToObject(o, "bandwidth_before_gb_s", r->bw_before);
+    cJSON_AddNumberToObject(o, "bandwidth_after_gb_s", r->bw_after);
     cJSON_AddNumberToObject(o, "floor_tok_s", r->floor_tok_s);
     cJSON_AddNumberToObject(o, "floor_pct", r->floor_pct);
     const spark_model_load_info *li = spark_model_get_load_info(r->m);
@@ -302,7 +305,9 @@ static void print_table(const bench_result *r)
     printf("\n");
     const spark_model_load_info *li = spark_model_get_load_info(r->m);
     printf("weights: %s\n", li->why);
-    if (!a->no_probe) printf("memory bandwidth (probe, %d threads): %.1f GB/s\n", r->threads, r->bw_gb_s);
+    if (!a->no_probe)
+        printf("memory bandwidth (probe, %d threads): %.1f GB/s (the better of %.1f before and %.1f after the tests)\n",
+               r->threads, r->bw_gb_s, r->bw_before, r->bw_after);
     if (a->n_gen > 0)
         printf("decode: %.3f GB/token -> %.1f GB/s achieved; floor %.2f tok/s; %.1f%% of the floor\n",
                r->tg_bytes / 1e9, r->tg_gb_s, r->floor_tok_s, r->floor_pct);
@@ -332,7 +337,8 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
 {
     if (!a->no_probe) {
         fprintf(stderr, "spark bench: probing memory bandwidth and FMA peak...\n");
-        spark_status st = cpu_probe_bandwidth(r->threads, (size_t)a->probe_mb << 20, 5, &r->bw_gb_s);
+        spark_status st = cpu_probe_bandwidth(r->threads, (size_t)a->probe_mb << 20, 5, &r->bw_before);
+        r->bw_gb_s = r->bw_before;
         if (st == SPARK_OK) st = cpu_probe_fma_peak(r->threads, 3, &r->peak_gflop_s);
         if (st != SPARK_OK) return st;
     }
@@ -371,6 +377,12 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
     free(ids);
     free(logits);
     free(sec);
+    /* probe again: on a shared machine the bandwidth drifts while the tests
+     * run, and the floor is what the memory can do, so the better reading counts */
+    if (st == SPARK_OK && !a->no_probe) {
+        st = cpu_probe_bandwidth(r->threads, (size_t)a->probe_mb << 20, 5, &r->bw_after);
+        if (r->bw_after > r->bw_gb_s) r->bw_gb_s = r->bw_after;
+    }
     return st;
 }
 

@@ -42,6 +42,7 @@ static int load(server *srv)
     const srv_config *c = &srv->cfg;
     spark_model_load_options lo = spark_model_default_load_options();
     lo.mode = (spark_load_mode)c->load_mode;
+    if (lo.mode == SPARK_LOAD_AUTO && c->gpu) lo.mode = SPARK_LOAD_MMAP; /* the weights go to the device */
     if (spark_model_load_ex(c->model_path, &lo, &srv->model) != SPARK_OK ||
         spark_tokenizer_load(c->model_path, &srv->tok) != SPARK_OK) {
         fprintf(stderr, "spark serve: %s\n", spark_last_error());
