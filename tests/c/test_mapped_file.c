@@ -88,7 +88,7 @@ static void test_copy_progress(void)
     mapped_file_opts o = {.copy = 1, .progress = on_progress, .user = &log};
     mapped_file f;
     CHECK(mapped_file_open_ex(path, &o, &f) == SPARK_OK);
-    CHECK(log.calls >= 3 && log.monotonic);
+    CHECK(log.calls >= 2 && log.monotonic); /* the calling thread reports its pieces, then the end */
     CHECK(log.last == (150u << 20) + 7 && log.total == log.last);
     CHECK(f.data && f.data[0] == 'x' && f.data[f.size - 1] == 0);
     mapped_file_close(&f);
@@ -100,7 +100,7 @@ static void test_copy_progress(void)
 static void test_copy_short_read(void)
 {
     char *path = tf_write_temp("x", 1, ".bin");
-    CHECK(truncate(path, 100u << 20) == 0);
+    CHECK(truncate(path, 400u << 20) == 0); /* many chunks: some are still unread when it shrinks */
     progress_log log = {.monotonic = 1, .truncate_path = path};
     mapped_file_opts o = {.copy = 1, .progress = on_progress, .user = &log};
     mapped_file f;
