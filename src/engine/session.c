@@ -19,6 +19,7 @@
 #include "engine/mutants.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,6 +134,82 @@ spark_status spark_session_memory_estimate(const spark_model *model, const spark
     return SPARK_OK;
 }
 
+/* What a CUDA session takes beyond weights, KV cache and activations: the
+ * backend's scratch (decoded weight panels, the bf16 activation pair,
+ * attention partials, cuBLAS), and a margin kept free. */
+static uint64_t device_extra(const spark_model_config *c, int64_t n_batch)
+{
+    int64_t cols = c->n_ff > c->n_embd ? c->n_ff : c->n_embd;
+    if (config_q_dim(c) > cols) cols = config_q_dim(c);
+    uint64_t panel = 128ull << 20, pair = (uint64_t)n_batch * (uint64_t)cols * 4;
+    uint64_t partials = (uint64_t)n_batch * (uint64_t)c->n_head * (uint64_t)(c->head_dim + 2) * 4;
+    return panel + pair + 2 * partials + (64ull << 20);
+}
+
+spark_status session_device_fit(const spark_model *model, const spark_session_options *o, uint64_t free_bytes,
+                                uint64_t total_bytes, uint64_t *need, uint64_t *margin, int64_t *fit)
+{
+    spark_session_memory mem;
+    TRY(spark_session_memory_estimate(model, o, &mem));
+    int64_t b = o->n_batch ? o->n_batch : DEFAULT_BATCH;
+    uint64_t fixed = spark_model_weight_bytes(model) + mem.kv_sliding + mem.scratch_bytes + device_extra(&model->cfg, b);
+    *need = fixed + mem.kv_per_token * (uint64_t)mem.n_ctx;
+    *margin = (256ull << 20) + total_bytes / 100;
+    uint64_t budget = free_bytes > *margin ? free_bytes - *margin : 0;
+    *fit = budget > fixed ? (int64_t)((budget - fixed) / (mem.kv_per_token ? mem.kv_per_token : 1)) : 0;
+    return SPARK_OK;
+}
+
+/* A CUDA session allocates its whole cache up front: refuse a context whose
+ * weights + KV cache + scratch do not fit in the device's free memory, with
+ * the numbers (as the CLI does for host memory), instead of a cudaMalloc
+ * failure. No readable device: backend_cuda_create will say why. */
+static spark_status check_device_memory(const spark_model *model, const spark_session_options *o)
+{
+    uint64_t free_b = 0, total_b = 0, need = 0, margin = 0;
+    char name[128] = "";
+    if (backend_cuda_memory(o->device, &free_b, &total_b, name, sizeof name) != SPARK_OK) {
+        spark_clear_error();
+        return SPARK_OK;
+    }
+    int64_t fit = 0;
+    TRY(session_device_fit(model, o, free_b, total_b, &need, &margin, &fit));
+    if (need + margin <= free_b) return SPARK_OK;
+    spark_session_memory mem, tq4;
+    TRY(spark_session_memory_estimate(model, o, &mem));
+    spark_session_options alt = *o;
+    alt.kv_full = SPARK_KV_TQ4;
+    int have_tq4 = o->kv_full != SPARK_KV_TQ4 && spark_session_memory_estimate(model, &alt, &tq4) == SPARK_OK;
+    spark_clear_error();
+    char hint[128] = "";
+    if (have_tq4) snprintf(hint, sizeof hint, "--kv-bits 4 (KV cache %.2f GB at this context) or ", tq4.kv_bytes / 1e9);
+    if (fit > mem.n_ctx) fit = mem.n_ctx;
+    return spark_fail(SPARK_ERR_NOMEM,
+                      "CUDA device %d (%s): a context of %d positions needs %.2f GB of device memory: KV cache %.2f GB "
+                      "(%s full layers: %llu bytes per position; %s sliding rings: %.3f GB) + weights %.2f GB + "
+                      "scratch %.2f GB; %.2f GB is free (less a %.2f GB margin). Use %s--ctx %lld or less (the most "
+                      "that fits with this format)",
+                      o->device, name, mem.n_ctx, need / 1e9, mem.kv_bytes / 1e9, spark_kv_type_name(o->kv_full),
+                      (unsigned long long)mem.kv_per_token, spark_kv_type_name(o->kv_sliding), mem.kv_sliding / 1e9,
+                      spark_model_weight_bytes(model) / 1e9, (need - mem.kv_bytes - spark_model_weight_bytes(model)) / 1e9,
+                      free_b / 1e9, margin / 1e9, hint, (long long)fit);
+}
+
+spark_status session_bench_fill(spark_session *s, int32_t depth, uint64_t seed)
+{
+    spark_clear_error();
+    if (depth < 0 || depth > s->n_ctx)
+        return spark_fail(SPARK_ERR_ARG, "bench fill: depth %d outside the context of %d", depth, s->n_ctx);
+    if (!s->be->device_memory)
+        return spark_fail(SPARK_ERR_UNSUPPORTED, "bench fill: only on the CUDA backend");
+    const spark_model_config *c = &s->model->cfg;
+    for (int i = 0; i < c->n_layer; i++)
+        TRY(backend_cuda_fill_kv(s->be, &s->kv[i], depth, c->n_head_kv, c->head_dim, seed + (uint64_t)i * 0x9E37u));
+    for (int32_t i = 0; i < depth; i++) s->tokens[i] = 3;
+    s->pos = depth;
+    return SPARK_OK;
+}
+
 spark_status spark_session_create(spark_model *model, const spark_session_options *options, spark_session **out)
 {
     *out = NULL;
@@ -149,13 +226,15 @@ spark_status spark_session_create(spark_model *model, const spark_session_option
     s->n_rewind = o.n_rewind;
     if (s->n_batch > s->n_ctx) s->n_batch = s->n_ctx;
     describe_model(s);
-    spark_status st;
+    spark_status st = SPARK_OK;
+    if (o.backend == SPARK_BACKEND_CUDA) st = check_device_memory(model, &o); /* before any upload */
+    if (st != SPARK_OK) {
+        spark_session_free(s);
+        return st;
+    }
     if (o.backend == SPARK_BACKEND_CUDA) st = backend_cuda_create(model, o.device, &s->be); /* issue 6 */
     else if (o.backend == SPARK_BACKEND_CPU) st = backend_cpu_create(o.n_threads, &s->be);
     else st = spark_fail(SPARK_ERR_ARG, "unknown backend %d (0 = CPU, 1 = CUDA)", o.backend);
-    if (st == SPARK_OK && s->be->device_memory && (o.kv_full != SPARK_KV_F32 || o.kv_sliding != SPARK_KV_F32))
-        st = spark_fail(SPARK_ERR_UNSUPPORTED, "the %s backend has no %s/%s KV cache yet (use the CPU, or f32)",
-                        s->be->ops->name, spark_kv_type_name(o.kv_full), spark_kv_type_name(o.kv_sliding));
     if (st == SPARK_OK) st = alloc_kv(s, &o);
     if (st == SPARK_OK) st = alloc_scratch(s);
     if (st == SPARK_OK) st = alloc_history(s);

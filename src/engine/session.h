@@ -48,4 +48,17 @@ const rope_class *rope_for_layer(const spark_session *s, int layer);
  * with all_positions. Advances pos. */
 spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *logits, int all_positions);
 
+/* The device-memory accounting of a CUDA session with options o on a device
+ * with free_bytes / total_bytes: bytes it needs with its context full
+ * (weights, KV cache, scratch, backend scratch), the margin kept free, and
+ * the largest context that fits (not capped at the model's maximum). */
+spark_status session_device_fit(const spark_model *model, const spark_session_options *o, uint64_t free_bytes,
+                                uint64_t total_bytes, uint64_t *need, uint64_t *margin, int64_t *fit);
+
+/* Benchmarks only (bench/cuda_bench.c; not in spark.h): place the session at
+ * position `depth` with every layer's cache rows [0, depth) filled with
+ * seeded pseudo-random rows in the cache's format (CUDA backend only), so a
+ * decode step can be timed at a depth without prefilling it. */
+spark_status session_bench_fill(spark_session *s, int32_t depth, uint64_t seed);
+
 #endif

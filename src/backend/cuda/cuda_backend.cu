@@ -30,6 +30,7 @@ extern "C" {
 #include "io/dtype.h"
 }
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_kv.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -63,6 +64,8 @@ struct cuda_backend {
     size_t ids_bytes;
     float *ws;      /* attention split partials */
     size_t ws_bytes;
+    uint8_t *kvstage; /* a coded cache's chunk rows, encoded (cuda_kv.cu) */
+    size_t kvstage_bytes;
     void *bf;       /* activations as a bf16 pair (hi, then lo), for cuBLAS */
     size_t bf_bytes;
     float *panel;   /* decoded weight rows, for cuBLAS */
@@ -280,6 +283,7 @@ void cuda_destroy(backend *be)
     free(cb->tab);
     cudaFree(cb->ids);
     cudaFree(cb->ws);
+    cudaFree(cb->kvstage);
     cudaFree(cb->bf);
     cudaFree(cb->panel);
     if (cb->blas) cublasDestroy(cb->blas);
@@ -289,7 +293,8 @@ void cuda_destroy(backend *be)
 
 /* ---- commands: every op, its arguments resolved to device memory ------------- */
 
-enum cmd_op { OP_EMBED, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_ATTN, OP_KV, OP_GATE, OP_GELU, OP_ADD,
+enum cmd_op { OP_KVATTN = 100, OP_KVSTORE, /* attention / kv store over a coded (non-f32) cache: cuda_kv.cu */
+              OP_EMBED = 0, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_ATTN, OP_KV, OP_GATE, OP_GELU, OP_ADD,
               OP_FGEMV, /* fused: [rmsnorm] + 1-2 matmuls [+ gelu-mul | + residual add] (fg) */
               OP_ROPEKV, /* fused: rope q, rope k, kv store (before the attention that follows) */
               OP_HOOK /* an instrument (cuda_hooks.cu): steering, capture copy, FFN statistics, timestamp */ };
@@ -308,6 +313,7 @@ struct cmd {
     const int32_t *ids;
     cu_attn_args attn;
     cu_fgemv_args fg;
+    cu_kv_attn_args kva; /* OP_KVATTN, OP_KVSTORE (the cache as kc / vc, slots) */
     cu_hook_args hk;
 };
 
@@ -402,6 +408,13 @@ void run_cmd(cuda_backend *cb, const cmd *c)
         CK(cu_kv_store(st, c->k, c->v, c->slots, c->x, cb->d_pos, c->n, c->heads, (int)c->rows, c->head_dim,
                        c->stride));
         return;
+    case OP_KVATTN: CK(cu_kv_attention(st, &c->kva)); return;
+    case OP_KVSTORE: {
+        const cu_kv_attn_args *a = &c->kva;
+        CK(cu_kv_encode(st, (void *)a->kc, (void *)a->vc, a->slots, a->qkv, a->pos, a->n, a->n_head, a->n_head_kv,
+                        a->head_dim, a->qkv_stride, a->fmt));
+        return;
+    }
     case OP_GATE: CK(cu_gate_heads(st, c->out, c->x, c->n, c->heads, c->head_dim)); return;
     case OP_GELU: CK(cu_gelu_mul(st, c->out, c->x, c->count)); return;
     case OP_ADD: CK(cu_add(st, c->out, c->x, c->count)); return;
@@ -763,12 +776,60 @@ void cuda_rope(backend *be, float *x, int n, int64_t stride, int n_heads, int he
     submit(cb, &c);
 }
 
+/* Attention over a coded cache (cuda_kv.cu). Flash-decoding splits from the
+ * capacity, as for f32 (launch shape independent of the position): enough
+ * blocks for 4 per SM, each split at least 128 keys at full capacity.
+ * Scratch (split partials, the chunk's encoded rows) grows outside a
+ * recorded step only. */
+void kv_coded_attention(cuda_backend *cb, float *out, const float *qkv, const kv_layer *cache, int n,
+                        const attn_shape *sh)
+{
+    const int64_t KV_SPLIT_MIN_KEYS = 128;
+    int64_t cap = cache->window && cache->window < cache->slots ? cache->window : cache->slots;
+    int64_t blocks = (int64_t)n * sh->n_head_kv, target = 4 * (int64_t)cb->sms, splits = 1;
+    if (blocks < target) {
+        splits = (target + blocks - 1) / blocks;
+        int64_t most = (cap + KV_SPLIT_MIN_KEYS - 1) / KV_SPLIT_MIN_KEYS;
+        if (splits > most) splits = most;
+        if (splits < 1) splits = 1;
+    }
+    cmd c = new_cmd(OP_KVATTN, n);
+    cu_kv_attn_args *a = &c.kva;
+    a->out = out;
+    a->qkv = qkv;
+    a->kc = (const uint8_t *)cache->k;
+    a->vc = (const uint8_t *)cache->v;
+    a->pos = cb->d_pos;
+    a->slots = cache->slots;
+    a->qkv_stride = sh->qkv_stride;
+    a->n = n;
+    a->n_head = sh->n_head;
+    a->n_head_kv = sh->n_head_kv;
+    a->head_dim = sh->head_dim;
+    a->window = cache->window;
+    a->splits = (int)splits;
+    a->fmt = cache->type;
+    a->scale = sh->scale;
+    size_t ws_need = (size_t)n * (size_t)sh->n_head * (size_t)splits * (size_t)(sh->head_dim + 2) * sizeof(float);
+    int64_t rk = cu_kv_row_bytes(cache->type, 0, sh->head_dim), rv = cu_kv_row_bytes(cache->type, 1, sh->head_dim);
+    size_t st_need = (size_t)n * (size_t)sh->n_head_kv * (size_t)(rk + rv);
+    if (ws_need > cb->ws_bytes || st_need > cb->kvstage_bytes) flush(cb); /* a recorded step may name the old ones */
+    a->ws = (float *)scratch((void **)&cb->ws, &cb->ws_bytes, ws_need);
+    a->ks = (uint8_t *)scratch((void **)&cb->kvstage, &cb->kvstage_bytes, st_need);
+    a->vs = a->ks + (size_t)n * (size_t)sh->n_head_kv * (size_t)rk;
+    submit(cb, &c);
+}
+
 void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
                     const attn_shape *sh)
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
     set_pos(cb, pos0);
+    if (cache->type != SPARK_KV_F32) {
+        kv_coded_attention(cb, out, qkv, cache, n, sh);
+        return;
+    }
     /* Splits are sized from the cache's capacity, not the position, so a
      * decode step's launch shape never changes: flash-decoding cuts the key
      * range until the GPU is full, each split at least SPLIT_MIN_KEYS long
@@ -818,6 +879,23 @@ void cuda_kv_store(backend *be, kv_layer *cache, const float *qkv, int64_t pos0,
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
     set_pos(cb, pos0);
+    if (cache->type != SPARK_KV_F32) {
+        cmd c = new_cmd(OP_KVSTORE, n);
+        cu_kv_attn_args *a = &c.kva;
+        a->kc = (const uint8_t *)cache->k;
+        a->vc = (const uint8_t *)cache->v;
+        a->slots = cache->slots;
+        a->qkv = qkv;
+        a->pos = cb->d_pos;
+        a->qkv_stride = sh->qkv_stride;
+        a->n = n;
+        a->n_head = sh->n_head;
+        a->n_head_kv = sh->n_head_kv;
+        a->head_dim = sh->head_dim;
+        a->fmt = cache->type;
+        submit(cb, &c);
+        return;
+    }
     cmd c = new_cmd(OP_KV, n);
     c.k = cache->k;
     c.v = cache->v;
@@ -1018,6 +1096,41 @@ extern "C" int backend_cuda_available(void)
 
 extern "C" int spark_cuda_available(void) { return backend_cuda_available(); }
 
+extern "C" spark_status backend_cuda_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes, char *name,
+                                            size_t name_len)
+{
+    *free_bytes = *total_bytes = 0;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || device < 0 || device >= count) {
+        cudaGetLastError();
+        return spark_fail(SPARK_ERR_UNSUPPORTED, "no CUDA device %d", device);
+    }
+    cudaDeviceProp prop;
+    size_t f = 0, t = 0;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess ||
+        cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return spark_fail(SPARK_ERR_UNSUPPORTED, "CUDA device %d: cannot read its memory", device);
+    }
+    if (name && name_len) snprintf(name, name_len, "%s", prop.name);
+    *free_bytes = f;
+    *total_bytes = t;
+    return SPARK_OK;
+}
+
+extern "C" spark_status backend_cuda_fill_kv(backend *be, kv_layer *layer, int64_t rows, int32_t n_head_kv,
+                                             int32_t head_dim, uint64_t seed)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    flush(cb);
+    if (rows > layer->slots) rows = layer->slots;
+    CK(cu_kv_fill(cb->st, layer->k, layer->v, rows, n_head_kv, head_dim, layer->type, seed));
+    CK(cudaStreamSynchronize(cb->st));
+    return SPARK_OK;
+}
+
 extern "C" spark_status backend_cuda_create(const spark_model *model, int device, backend **out)
 {
     *out = NULL;
@@ -1080,6 +1193,10 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
         cu_fgemv_prepare((int64_t)c->n_head * c->head_dim);
     }
     CK(cudaMalloc((void **)&cb->d_pos, sizeof(int64_t)));
+    CK(cu_kv_init()); /* the TurboQuant tables on this device */
+    /* a coded cache's single-token stage: allocated here, never grown inside a step */
+    scratch((void **)&cb->kvstage, &cb->kvstage_bytes,
+            (size_t)c->n_head_kv * 2 * (size_t)cu_kv_row_bytes(CU_KV_F16, 0, c->head_dim));
     scratch((void **)&cb->ids, &cb->ids_bytes, 4096 * sizeof(int32_t));
     /* the most a single-token attention needs: n_head x splits x (head_dim + 2) */
     scratch((void **)&cb->ws, &cb->ws_bytes,

@@ -22,6 +22,17 @@ int backend_cuda_available(void);
  * device), SPARK_ERR_NOMEM (the weights do not fit). */
 spark_status backend_cuda_create(const spark_model *model, int device, backend **out);
 
+/* Free and total bytes of device memory on CUDA device `device` and its
+ * name (for the session's up-front memory check). SPARK_ERR_UNSUPPORTED
+ * without such a device. */
+spark_status backend_cuda_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes, char *name, size_t name_len);
+
+/* Benchmarks only (engine/session.c's session_bench_fill): slots [0, rows)
+ * of a layer's cache on a CUDA backend get seeded pseudo-random rows encoded
+ * in the cache's format. */
+spark_status backend_cuda_fill_kv(backend *be, kv_layer *layer, int64_t rows, int32_t n_head_kv, int32_t head_dim,
+                                  uint64_t seed);
+
 #ifdef __cplusplus
 }
 #endif
