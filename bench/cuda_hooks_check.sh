@@ -39,7 +39,7 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$CUDA_HOME/lib64
 
 SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
 ( timeout 150 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers "$LAYERS" --max-ctx 4096 \
-    >"$OUT/model.log" 2>&1; echo done >/tmp/m4b.done ) &
+    >/tmp/model.log 2>&1; echo done >/tmp/m4b.done ) &
 
 SPARK=${SPARK_BIN:-build-h4/spark}
 if ! "$SPARK" --help >/dev/null 2>&1; then
@@ -55,13 +55,20 @@ stamp "tests: tests/py/test_cuda_hooks.py"
 export SPARK_CUDA_REPORT=$OUT/errors.jsonl
 : >"$SPARK_CUDA_REPORT"
 PYTHONPATH=tools:tests/py timeout 110 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda_hooks.py \
-    >"$OUT/tests.log" 2>&1
+    --tb=short >"$OUT/tests.log" 2>&1
 tail -4 "$OUT/tests.log" | tee -a "$SUMMARY"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
 python3 -c "
 import json; rows=[json.loads(l) for l in open('$SPARK_CUDA_REPORT')]
 for r in sorted(rows, key=lambda r: -r['max_rel_l2'])[:6]: print('worst: %.3g  %s' % (r['max_rel_l2'], r['check']))
 print('%d checks recorded' % len(rows))" 2>&1 | tee -a "$SUMMARY"
+
+if [ "${CUDA_TESTS:-1}" = 1 ]; then
+    stamp "tests: tests/py/test_cuda.py (instruments off)"
+    SPARK_CUDA_REPORT= PYTHONPATH=tools:tests/py timeout 90 python3 -m pytest -q -p no:cacheprovider -rfE \
+        tests/py/test_cuda.py >"$OUT/tests_cuda.log" 2>&1
+    tail -2 "$OUT/tests_cuda.log" | tee -a "$SUMMARY"
+fi
 
 stamp "graphs with instruments (SPARK_CUDA_VERBOSE, spark-tiny, 40 decode steps)"
 python3 -c "
@@ -88,17 +95,17 @@ bench_variants() { # MODEL TAG
             ffn) f="--ffn-hist /tmp/f.json" ;;
             phases) f="--phases" ;;
         esac
-        r=$(timeout 30 "$SPARK" bench "$model" --gpu -p 0 -n 256 -r "$REPS" --json $f 2>"$OUT/bench_${tag}_${v}.err" |
+        r=$(timeout 30 "$SPARK" bench "$model" --gpu -p 0 -n 256 -r "$REPS" --json $f 2>"/tmp/bench_${tag}_${v}.err" |
             python3 -c "import json,sys; j=json.loads(sys.stdin.read()); print('%.1f %.1f' % (j['tg_tok_s'], j['tg_tok_s_sd']))")
         note "bench $tag $v: ${r:-FAILED} tok/s (mean sd)"
-        [ "$v" = phases ] && sed 's/^/    /' "$OUT/bench_${tag}_${v}.err" | grep -vE "weights|warming" | tee -a "$SUMMARY"
+        [ "$v" = phases ] && sed 's/^/    /' "/tmp/bench_${tag}_${v}.err" | grep -vE "weights|warming" | tee -a "$SUMMARY"
     done
 }
 REPS=3 bench_variants models/spark-tiny tiny /tmp/tiny_dir.npy 2-5
 
 stamp "bench: 4B shape, $LAYERS layers (waiting for the model)"
 for _ in $(seq 150); do [ -f /tmp/m4b.done ] && break; sleep 1; done
-tail -2 "$OUT/model.log" | tee -a "$SUMMARY"
+tail -2 /tmp/model.log | tee -a "$SUMMARY"
 python3 -c "
 import numpy as np; d = np.zeros(($LAYERS, 2560), np.float32); d[2:6] = np.random.default_rng(1).normal(0, 1, (4, 2560))
 np.save('/tmp/m4b_dir.npy', d)"

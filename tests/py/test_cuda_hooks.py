@@ -165,13 +165,19 @@ def test_observers_leave_gpu_logits_bit_identical(models, name, tmp_path):
         assert np.array_equal(plain, zero)
 
 
-@pytest.mark.parametrize("decode", [False, True], ids=["prefill", "decode"])
+@pytest.mark.parametrize("path", ["prefill", "prefill-noflash", "decode"])
 @pytest.mark.parametrize("name", SHAPES)
-def test_capture_gpu_matches_cpu(models, name, decode, tmp_path):
+def test_capture_gpu_matches_cpu(models, name, path, tmp_path, monkeypatch):
+    """f32: 1e-5 on the fp32 paths (decode GEMVs; prefill SGEMM with the plain
+    attention kernel); the default prefill attention (cuda_flash.cu, bf16
+    hi + lo products) gets 1e-4."""
     m = models[name]
-    tol = 1e-5 if name == "f32" else 1e-3
+    decode = path == "decode"
+    tol = (1e-4 if path == "prefill" else 1e-5) if name == "f32" else 1e-3
     caps = {}
     for dev in ("cpu", "gpu"):
+        if dev == "gpu" and path == "prefill-noflash":
+            monkeypatch.setenv("SPARK_CUDA_FLASH", "0")
         cap = tmp_path / f"{dev}.npy"
         logits(m, tmp_path, "--capture", cap, "--capture-positions", "all", "--steer", m.steer, "--steer-mode",
                "ablate", gpu=dev == "gpu", decode=decode and dev == "gpu")
@@ -180,11 +186,13 @@ def test_capture_gpu_matches_cpu(models, name, decode, tmp_path):
         assert side["positions"] == list(range(N_IDS)) and side["prompt_ids"] == m.ids
     assert caps["gpu"].shape == (N_IDS, m.shape["layers"], m.shape["hidden"]) and caps["gpu"].dtype == np.float32
     errs = rel_rows(caps["gpu"], caps["cpu"])
-    record(f"capture {name} {'decode' if decode else 'prefill'} vs cpu", errs.max())
+    record(f"capture {name} {path} vs cpu", errs.max())
     assert errs.max() <= tol, f"worst (position, layer) {np.unravel_index(errs.argmax(), errs.shape)}: {errs.max():.3g}"
     if name == "f32":
         want = ref.hidden_states(ref.load_model(str(m.dir)), m.ids, steer=steer_fn(m.d, "ablate", 1.0))
-        assert rel_rows(caps["gpu"], want).max() <= tol
+        errs = rel_rows(caps["gpu"], want)
+        record(f"capture {name} {path} vs ref", errs.max())
+        assert errs.max() <= tol
 
 
 @pytest.mark.parametrize("decode", [False, True], ids=["prefill", "decode"])
@@ -212,13 +220,18 @@ def test_ffn_statistics_gpu_match_cpu(models, name, decode, tmp_path):
     (ci, cm), (gi, gm) = got["cpu"], got["gpu"]
     assert gi["tokens"] == ci["tokens"] == N_IDS
     err = float(np.abs(gm - cm).max() / np.abs(cm).max())
-    record(f"ffn mass {name} {'decode' if decode else 'prefill'} vs cpu", err)
-    assert np.allclose(gm, cm, rtol=1e-4, atol=1e-6 * np.abs(cm).max())
+    tag = f"{name} {'decode' if decode else 'prefill'}"
+    record(f"ffn mass {tag} vs cpu (max abs / max)", err)
+    assert np.allclose(gm, cm, rtol=1e-4, atol=1e-6 * np.abs(cm).max()), err
     n_ff = m.shape["ff"]
     for layer, (gl, cl) in enumerate(zip(gi["layers"], ci["layers"])):
         assert sum(gl["histogram"]) == N_IDS * n_ff
-        assert np.abs(np.array(gl["histogram"]) - np.array(cl["histogram"])).sum() <= 4, layer
-        assert abs(gl["topk_overlap"] - cl["topk_overlap"]) <= 2.0 / k / (N_IDS - 1) + 1e-9, layer
+        moved = int(np.abs(np.array(gl["histogram"]) - np.array(cl["histogram"])).sum())
+        d_overlap = abs(gl["topk_overlap"] - cl["topk_overlap"])
+        record(f"ffn {tag} layer {layer}: histogram entries moved (count) / overlap diff", max(moved, d_overlap))
+        # values within rounding of a power of two change bucket; borderline top-k neurons swap
+        assert moved <= 4 + N_IDS * n_ff // 2000, (layer, moved)
+        assert d_overlap <= 3.0 / k / (N_IDS - 1) + 1e-9, (layer, gl["topk_overlap"], cl["topk_overlap"])
     if name == "f32":  # and against the reference's activations (test_hooks.py's check)
         acts = ref.ffn_activations(ref.load_model(str(m.dir)), m.ids)
         for layer, L in enumerate(gi["layers"]):
@@ -243,27 +256,48 @@ def test_phase_timing_on_gpu(gpu, tmp_path):
     assert wait and device.get("ffn", 0) > 0, proc.stderr
 
 
-def test_run_with_every_instrument_on_gpu_matches_cpu_text(gpu, models, tmp_path):
+def tiny_direction(tmp_path):
     d = np.zeros((8, 256), np.float32)
     d[3] = np.random.default_rng(5).normal(0, 1, 256)
     path = tmp_path / "d.npy"
     np.save(path, d)
-    args = ["run", "-m", TINY, "-p", "And it came to pass", "-n", "24", "--temp", "0", "--steer", path,
-            "--steer-strength", "3", "--steer-layers", "3-3", "--capture", tmp_path / "c.npy", "--capture-positions",
-            "all", "--ffn-hist", tmp_path / "f.json"]
-    cpu = run_spark(args).stdout
-    plain = run_spark(args[:8]).stdout
-    got = run_spark(args + ["--gpu"]).stdout
-    assert cpu != plain
-    assert got == cpu
+    return path
 
 
-def test_steered_gpu_server_matches_steered_run(gpu, tmp_path):
+@pytest.mark.parametrize("decode", [False, True], ids=["prefill", "decode"])
+def test_spark_tiny_steered_logits_gpu_match_cpu(gpu, tmp_path, decode):
+    path = tiny_direction(tmp_path)
+    ids = "308,365,475,302,616,272,272,272,272,272,272,272"
+    res = {}
+    for dev in ("cpu", "gpu"):
+        out = tmp_path / f"{dev}.npy"
+        run_spark(["logits", TINY, "--ids", ids, "--out", out, "--all", "--steer", path, "--steer-strength", "3",
+                   "--steer-layers", "3-3", *(["--gpu"] + (["--mode", "decode"] if decode else []) if dev == "gpu"
+                                              else [])])
+        res[dev] = np.load(out)
+    errs = rel_rows(res["gpu"], res["cpu"])
+    record(f"spark-tiny steered {'decode' if decode else 'prefill'} vs cpu", errs.max())
+    assert errs.max() <= 1e-3, errs
+
+
+def test_run_with_every_instrument_on_gpu(gpu, models, tmp_path):
+    path = tiny_direction(tmp_path)
+    base = ["run", "-m", TINY, "-p", "And it came to pass", "-n", "24", "--temp", "0"]
+    steer = ["--steer", path, "--steer-strength", "3", "--steer-layers", "3-3"]
+    observe = ["--capture", tmp_path / "c.npy", "--capture-positions", "all", "--ffn-hist", tmp_path / "f.json",
+               "--timing"]
+    plain = run_spark(base + ["--gpu"]).stdout
+    steered = run_spark(base + steer + ["--gpu"]).stdout
+    everything = run_spark(base + steer + observe + ["--gpu"]).stdout
+    cpu = run_spark(base + steer).stdout
+    assert steered != plain, plain
+    assert everything == steered, (everything, steered)
+    assert steered == cpu, f"GPU {steered!r} vs CPU {cpu!r}"
+
+
+def test_steered_gpu_server_matches_steered_gpu_run(gpu, tmp_path):
     from test_server_support import Server
-    d = np.zeros((8, 256), np.float32)
-    d[3] = np.random.default_rng(5).normal(0, 1, 256)
-    path = tmp_path / "d.npy"
-    np.save(path, d)
+    path = tiny_direction(tmp_path)
     steer = ["--steer", path, "--steer-strength", "3", "--steer-layers", "3-3"]
     prompt = "And it came to pass"
     srv = Server(TINY, "--parallel", "1", "--gpu", *steer)
@@ -272,5 +306,5 @@ def test_steered_gpu_server_matches_steered_run(gpu, tmp_path):
         steered = r.choices[0].text
     finally:
         srv.stop()
-    run = run_spark(["run", "-m", TINY, "-p", prompt, "-n", "24", "--temp", "0", *steer]).stdout
-    assert steered == run.rstrip("\n") or steered == run
+    run = run_spark(["run", "-m", TINY, "-p", prompt, "-n", "24", "--temp", "0", "--gpu", *steer]).stdout
+    assert steered == run.rstrip("\n") or steered == run, (steered, run)

@@ -250,13 +250,16 @@ void cuda_download(backend *be, float *host_dst, const float *buf, size_t count)
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
     flush(cb);
-    CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
     if (!be->timing) {
+        CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
         CK(cudaStreamSynchronize(cb->st));
         return;
     }
-    struct timespec t0, t1; /* phase timing: the host's wait for the device */
+    /* phase timing: the host's wait for the device (a copy into pageable
+     * memory already waits for the stream) */
+    struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
     CK(cudaStreamSynchronize(cb->st));
     clock_gettime(CLOCK_MONOTONIC, &t1);
     be->device_wait += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
@@ -418,7 +421,7 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_GATE: CK(cu_gate_heads(st, c->out, c->x, c->n, c->heads, c->head_dim)); return;
     case OP_GELU: CK(cu_gelu_mul(st, c->out, c->x, c->count)); return;
     case OP_ADD: CK(cu_add(st, c->out, c->x, c->count)); return;
-    case OP_HOOK: CK(cu_hook(st, &c->hk)); return;
+    case OP_HOOK: CK(cu_hook(st, &c->hk, cb->pdl_now)); return;
     }
 }
 

@@ -22,6 +22,11 @@
  *   copy    a device-to-device copy (captured rows into the staging buffer);
  *   stamp   one thread reads %globaltimer and adds the time since the last
  *           stamp to its phase's sum (ns, in device memory).
+ * Inside a captured decode step (pdl) the kernels are launched as
+ * programmatic dependents: each waits for its predecessor first thing
+ * (griddepcontrol.wait) and lets its successor start launching at once, so
+ * the next fused GEMV streams its weights while an instrument runs (its own
+ * wait still covers everything the instrument writes).
  */
 extern "C" {
 #include "spark.h"
@@ -30,6 +35,7 @@ extern "C" {
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 namespace {
 
@@ -37,6 +43,30 @@ constexpr int STEER_THREADS = 256;
 constexpr int TOPK_THREADS = 1024;
 constexpr int HIST_THREADS = 256;
 static_assert(SPARK_FFN_BUCKETS == 64, "the histogram kernel keeps 64 buckets");
+
+__device__ __forceinline__ void pdl_begin()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch(bool pdl, unsigned grid, unsigned block, cudaStream_t st, void (*k)(KArgs...), Args... args)
+{
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, args...);
+}
 
 /* Sum of v over the block (every thread gets it). sh: 32 doubles. */
 __device__ double block_sum(double v, double *sh)
@@ -74,6 +104,7 @@ __device__ unsigned block_sum_u(unsigned v, unsigned *sh)
 __global__ void steer_kernel(float *x, int dim, int mode, float strength, const float *dir, const float *unit)
 {
     __shared__ double sh[32];
+    pdl_begin();
     float *h = x + (size_t)blockIdx.x * (size_t)dim;
     if (mode == SPARK_STEER_ADD) {
         for (int i = threadIdx.x; i < dim; i += blockDim.x) h[i] = __fadd_rn(h[i], __fmul_rn(strength, dir[i]));
@@ -125,6 +156,7 @@ __device__ int bucket_of(float v)
 __global__ void ffn_mass_hist_kernel(const float *act, int n, int dim, double *mass, unsigned long long *hist)
 {
     __shared__ unsigned bins[SPARK_FFN_BUCKETS];
+    pdl_begin();
     for (int b = threadIdx.x; b < SPARK_FFN_BUCKETS; b += blockDim.x) bins[b] = 0;
     __syncthreads();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -148,6 +180,7 @@ __global__ void ffn_topk_kernel(const float *act, int dim, int k, unsigned char 
     __shared__ unsigned hist[256];
     __shared__ unsigned s_prefix, s_k;
     __shared__ unsigned wsum[32];
+    pdl_begin();
     const float *a = act + (size_t)blockIdx.x * dim;
     unsigned char *out = sel + (size_t)blockIdx.x * dim;
     const int tid = threadIdx.x;
@@ -212,6 +245,7 @@ __global__ void ffn_overlap_kernel(const unsigned char *sel, int n, int dim, int
                                    int32_t *has_prev, double *overlap)
 {
     __shared__ unsigned sh[32];
+    pdl_begin();
     const int hp = *has_prev;
     for (int t = 0; t < n; t++) {
         if (!t && !hp) continue;
@@ -230,6 +264,7 @@ __global__ void ffn_overlap_kernel(const unsigned char *sel, int n, int dim, int
 __global__ void stamp_kernel(unsigned long long *s, int phase)
 {
     unsigned long long t;
+    pdl_begin();
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if (phase >= 0) s[1 + phase] += t - s[0];
     s[0] = t;
@@ -237,29 +272,27 @@ __global__ void stamp_kernel(unsigned long long *s, int phase)
 
 } // namespace
 
-cudaError_t cu_hook(cudaStream_t st, const cu_hook_args *a)
+cudaError_t cu_hook(cudaStream_t st, const cu_hook_args *a, int pdl)
 {
     cudaError_t e;
     switch (a->kind) {
     case CU_HOOK_STEER:
         if (a->n < 1) return cudaSuccess;
-        steer_kernel<<<a->n, STEER_THREADS, 0, st>>>(a->x, a->dim, a->mode, a->strength, a->dir, a->unit);
-        return cudaGetLastError();
+        return launch(pdl, a->n, STEER_THREADS, st, steer_kernel, a->x, a->dim, a->mode, a->strength, a->dir, a->unit);
     case CU_HOOK_COPY:
         return cudaMemcpyAsync(a->x, a->src, (size_t)a->count * sizeof(float), cudaMemcpyDeviceToDevice, st);
     case CU_HOOK_FFN:
         if (a->n < 1) return cudaSuccess;
-        ffn_mass_hist_kernel<<<(a->dim + HIST_THREADS - 1) / HIST_THREADS, HIST_THREADS, 0, st>>>(a->src, a->n, a->dim,
-                                                                                               a->mass, a->hist);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        ffn_topk_kernel<<<a->n, TOPK_THREADS, 0, st>>>(a->src, a->dim, a->top_k, a->scratch);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        ffn_overlap_kernel<<<1, TOPK_THREADS, 0, st>>>(a->scratch, a->n, a->dim, a->top_k, a->prev, a->has_prev,
-                                                      a->overlap);
-        return cudaGetLastError();
+        e = launch(pdl, (a->dim + HIST_THREADS - 1) / HIST_THREADS, HIST_THREADS, st, ffn_mass_hist_kernel, a->src, a->n,
+                   a->dim, a->mass, a->hist);
+        if (e == cudaSuccess)
+            e = launch(pdl, a->n, TOPK_THREADS, st, ffn_topk_kernel, a->src, a->dim, a->top_k, a->scratch);
+        if (e == cudaSuccess)
+            e = launch(pdl, 1, TOPK_THREADS, st, ffn_overlap_kernel, (const unsigned char *)a->scratch, a->n, a->dim,
+                       a->top_k, a->prev, a->has_prev, a->overlap);
+        return e;
     case CU_HOOK_STAMP:
-        stamp_kernel<<<1, 1, 0, st>>>(a->stamps, a->phase);
-        return cudaGetLastError();
+        return launch(pdl, 1, 1, st, stamp_kernel, a->stamps, a->phase);
     }
     return cudaErrorInvalidValue;
 }

@@ -140,6 +140,7 @@ typedef struct cu_hook_args {
     unsigned long long *stamps;     /* stamp: [0] the last timestamp (ns), [1 + phase] the sums */
     int64_t count;                  /* copy: floats */
 } cu_hook_args;
-cudaError_t cu_hook(cudaStream_t st, const cu_hook_args *a);
+/* pdl: launch the kernels as programmatic dependents (inside a captured step). */
+cudaError_t cu_hook(cudaStream_t st, const cu_hook_args *a, int pdl);
 
 #endif
