@@ -296,6 +296,7 @@ def test_run_with_every_instrument_on_gpu(gpu, models, tmp_path):
 
 
 def test_steered_gpu_server_matches_steered_gpu_run(gpu, tmp_path):
+    pytest.importorskip("openai")  # the server tests' client
     from test_server_support import Server
     path = tiny_direction(tmp_path)
     steer = ["--steer", path, "--steer-strength", "3", "--steer-layers", "3-3"]
