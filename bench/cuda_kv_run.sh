@@ -17,6 +17,8 @@
 #           check in $OUT/errors.jsonl)
 #   bench   per format: accounting (largest context) + decode at depths
 #           32k / 128k / ~1M from a synthetic fill
+#   old     (KV_OLD="f16 tq4") the same formats at 128k / 1M with the first
+#           attention kernel (SPARK_CUDA_KV_ATTN=0), for comparison
 #   sanit   compute-sanitizer memcheck, spark-tiny, --kv-bits 3.5, decode
 set -u
 BIN=${1:-build-h2}
@@ -101,7 +103,7 @@ for fmt in f16 tq4 tq3.5 tq3 tq2 bf16 f32; do
     note "bench $fmt: rc=$?"
     grep -E "^(FIT|SESSION|RESULT|DEPTH)|error|rror" "$OUT/bench_$fmt.log" | tee -a "$SUMMARY"
 done
-for fmt in f16 tq4; do
+for fmt in ${KV_OLD:-}; do
     [ $(($(date +%s) - T0)) -gt 330 ] && continue
     note "bench $fmt, first kernel (SPARK_CUDA_KV_ATTN=0: a warp-wide dot product per key and head):"
     SPARK_CUDA_KV_ATTN=0 timeout 60 "$BIN/cuda_kv_bench" /tmp/m4b --kv $fmt --ctx 1048576 --depths 131072,1048000 \

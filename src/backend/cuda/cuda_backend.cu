@@ -781,7 +781,8 @@ void cuda_rope(backend *be, float *x, int n, int64_t stride, int n_heads, int he
 
 /* Attention over a coded cache (cuda_kv.cu). Flash-decoding splits from the
  * capacity, as for f32 (launch shape independent of the position): enough
- * blocks for 4 per SM, each split at least 128 keys at full capacity.
+ * blocks to fill every SM once (the kernel's occupancy), each split at least
+ * 128 keys at full capacity.
  * Scratch (split partials, the chunk's encoded rows) grows outside a
  * recorded step only. */
 void kv_coded_attention(cuda_backend *cb, float *out, const float *qkv, const kv_layer *cache, int n,
@@ -789,7 +790,8 @@ void kv_coded_attention(cuda_backend *cb, float *out, const float *qkv, const kv
 {
     const int64_t KV_SPLIT_MIN_KEYS = 128;
     int64_t cap = cache->window && cache->window < cache->slots ? cache->window : cache->slots;
-    int64_t blocks = (int64_t)n * sh->n_head_kv, target = 4 * (int64_t)cb->sms, splits = 1;
+    int per_sm = cu_kv_attn_blocks_per_sm(cache->type, sh->n_head, sh->n_head_kv); /* one whole wave */
+    int64_t blocks = (int64_t)n * sh->n_head_kv, target = (per_sm > 0 ? per_sm : 4) * (int64_t)cb->sms, splits = 1;
     if (blocks < target) {
         splits = (target + blocks - 1) / blocks;
         int64_t most = (cap + KV_SPLIT_MIN_KEYS - 1) / KV_SPLIT_MIN_KEYS;

@@ -726,6 +726,21 @@ cudaError_t launch_g(cudaStream_t st, const cu_kv_attn_args *a)
     return cudaGetLastError();
 }
 
+template <int KK, int VK>
+const void *attn_fn(int G)
+{
+    if (attn_variant() == 0) {
+        if (G <= 1) return (const void *)kv_attn_kernel<KK, VK, 1>;
+        if (G <= 2) return (const void *)kv_attn_kernel<KK, VK, 2>;
+        if (G <= 4) return (const void *)kv_attn_kernel<KK, VK, 4>;
+        return (const void *)kv_attn_kernel<KK, VK, 8>;
+    }
+    if (G <= 1) return (const void *)kv_attn2_kernel<KK, VK, 1>;
+    if (G <= 2) return (const void *)kv_attn2_kernel<KK, VK, 2>;
+    if (G <= 4) return (const void *)kv_attn2_kernel<KK, VK, 4>;
+    return (const void *)kv_attn2_kernel<KK, VK, 8>;
+}
+
 unsigned threads_for(int D) { return (unsigned)((D + WARP - 1) / WARP * WARP); }
 
 } // namespace
@@ -802,4 +817,28 @@ cudaError_t cu_kv_fill(cudaStream_t st, void *kc, void *vc, int64_t rows, int n_
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
+}
+
+int cu_kv_attn_blocks_per_sm(int fmt, int n_head, int n_head_kv)
+{
+    static int cache[7][9][2];
+    const int G = n_head / n_head_kv, gi = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8, v = attn_variant();
+    if (fmt < CU_KV_F16 || fmt > CU_KV_TQ4) return 0;
+    if (cache[fmt][gi][v]) return cache[fmt][gi][v];
+    const void *fn;
+    switch (fmt) {
+    case CU_KV_F16: fn = attn_fn<K_F16, K_F16>(gi); break;
+    case CU_KV_BF16: fn = attn_fn<K_BF16, K_BF16>(gi); break;
+    case CU_KV_TQ2: fn = attn_fn<2, 2>(gi); break;
+    case CU_KV_TQ3: fn = attn_fn<3, 3>(gi); break;
+    case CU_KV_TQ3_5: fn = attn_fn<3, 4>(gi); break;
+    default: fn = attn_fn<4, 4>(gi); break;
+    }
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, KA_WARPS * WARP, 0) != cudaSuccess) {
+        cudaGetLastError();
+        b = 0;
+    }
+    cache[fmt][gi][v] = b;
+    return b;
 }

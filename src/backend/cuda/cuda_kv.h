@@ -48,6 +48,10 @@ typedef struct cu_kv_attn_args {
 } cu_kv_attn_args;
 cudaError_t cu_kv_attention(cudaStream_t st, const cu_kv_attn_args *a);
 
+/* Attention blocks one multiprocessor holds at once for this format and
+ * grouping (0 when unknown): the launcher sizes the splits to whole waves. */
+int cu_kv_attn_blocks_per_sm(int fmt, int n_head, int n_head_kv);
+
 /* Benchmarks only: cache rows [0, rows) get seeded pseudo-random vectors
  * (coordinates ~ N(0, 1)) encoded in format fmt. */
 cudaError_t cu_kv_fill(cudaStream_t st, void *kc, void *vc, int64_t rows, int n_head_kv, int head_dim, int fmt,
