@@ -90,6 +90,14 @@ struct cuda_backend {
     size_t nfq, fqcap;
     long fused;      /* commands the last fusion removed */
     unsigned long long *stamps; /* phase timing: last stamp + per-phase sums, ns (cuda_stamp) */
+    /* the persistent step kernel (cuda_step.cu, SPARK_CUDA_MEGA=1): a
+     * recorded step it takes runs as one launch */
+    int mega_on;
+    cu_mega *mk;     /* built from mq (NULL: mq was refused, use the graph) */
+    cmd *mq;
+    size_t nmq;
+    int mq_valid;
+    long mega_runs;
 };
 
 cuda_backend *cuda_of(backend *be) { return (cuda_backend *)be; }
@@ -273,9 +281,12 @@ void cuda_destroy(backend *be)
     if (getenv("SPARK_CUDA_VERBOSE"))
         fprintf(stderr,
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
-                "fusion: %ld commands -> %zu\n",
-                cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq);
+                "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches\n",
+                cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
+                cb->mega_on, cb->mega_runs);
     if (cb->exec) cudaGraphExecDestroy(cb->exec);
+    cu_mega_destroy(cb->mk);
+    free(cb->mq);
     free(cb->q);
     free(cb->gq);
     free(cb->fq);
@@ -645,6 +656,68 @@ bool capture(cuda_backend *cb)
     return true;
 }
 
+/* The fused step as the persistent kernel's phases: embed, then per layer
+ * GEMV (norm + qkv + gate), ATTN (rope_kv + attention), GEMV (out + add),
+ * GEMV (norm + gate/up pair), GEMV (down + add), then the head's GEMV.
+ * NULL when any command is of another kind. */
+cu_mega *mega_build(cuda_backend *cb)
+{
+    fuse(cb);
+    cu_mk_phase *ph = (cu_mk_phase *)calloc(cb->nfq ? cb->nfq : 1, sizeof *ph);
+    if (!ph) return NULL;
+    int np = 0;
+    bool ok = true;
+    for (size_t i = 0; i < cb->nfq && ok; i++) {
+        const cmd *c = &cb->fq[i];
+        cu_mk_phase *p = &ph[np++];
+        if (c->op == OP_EMBED && c->n == 1) {
+            p->kind = CU_MK_EMBED;
+            p->dtype = c->dtype;
+            p->table = c->w;
+            p->cols = c->cols;
+            p->row_bytes = c->row_bytes;
+            p->out = c->out;
+        } else if (c->op == OP_FGEMV) {
+            p->kind = CU_MK_GEMV;
+            p->dtype = SPARK_DTYPE_BF16; /* fuse() makes OP_FGEMV of bf16 matrices only */
+            p->fg = c->fg;
+        } else if (c->op == OP_ROPEKV && i + 1 < cb->nfq && cb->fq[i + 1].op == OP_ATTN &&
+                   cb->fq[i + 1].attn.qkv == c->out && cb->fq[i + 1].attn.kc == c->k &&
+                   cb->fq[i + 1].attn.vc == c->v && cb->fq[i + 1].attn.slots == c->slots && !cb->fq[i + 1].attn.flash) {
+            p->kind = CU_MK_ATTN;
+            p->at = cb->fq[i + 1].attn;
+            p->rot_dims = c->rot_dims;
+            p->theta = c->theta;
+            i++;
+        } else {
+            ok = false;
+        }
+    }
+    cu_mega *mk = ok ? cu_mega_create(ph, np, cb->sms, cb->d_pos, cb->ids) : NULL;
+    free(ph);
+    return mk;
+}
+
+/* The recorded step as one persistent-kernel launch, if it takes it. */
+bool mega_run(cuda_backend *cb)
+{
+    bool same = cb->mq_valid && cb->nmq == cb->nq && !memcmp(cb->mq, cb->q, cb->nq * sizeof *cb->q);
+    if (!same) {
+        cu_mega_destroy(cb->mk);
+        cb->mk = mega_build(cb);
+        cmd *copy = (cmd *)realloc(cb->mq, cb->nq * sizeof *copy);
+        if (!copy) cuda_fatal("realloc", "out of host memory for the step's commands", __LINE__);
+        memcpy(copy, cb->q, cb->nq * sizeof *copy);
+        cb->mq = copy;
+        cb->nmq = cb->nq;
+        cb->mq_valid = 1;
+    }
+    if (!cb->mk) return false;
+    CK(cu_mega_launch(cb->mk, cb->st));
+    cb->mega_runs++;
+    return true;
+}
+
 /* Run the recorded step, if any. */
 void flush(cuda_backend *cb)
 {
@@ -654,6 +727,7 @@ void flush(cuda_backend *cb)
     cb->pos_set = 1;
     cb->pos_host = cb->step_pos;
     CK(cu_set_i32(cb->st, cb->ids, cb->step_id));
+    if (cb->mega_on && mega_run(cb)) return;
     bool same = cb->exec && cb->ngq == cb->nq && !memcmp(cb->gq, cb->q, cb->nq * sizeof *cb->q);
     if (!same) {
         if (cb->exec) cudaGraphExecDestroy(cb->exec);
@@ -1192,6 +1266,11 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     const char *pd = getenv("SPARK_CUDA_PDL");
     cb->pdl_on = cb->fast && prop.major >= 9 && !(pd && !strcmp(pd, "0"));
     if (cb->pdl_on && !cu_pdl_probe(cb->st)) cb->pdl_on = 0; /* not capturable here: plain launches */
+    /* SPARK_CUDA_MEGA=1: decode steps as one persistent kernel (cuda_step.cu)
+     * instead of graphs of fused kernels; off by default: correct, but not
+     * yet faster (bench/cuda_runs.md, run 5) */
+    const char *mg = getenv("SPARK_CUDA_MEGA");
+    cb->mega_on = cb->fuse_on && cb->graphs && mg && !strcmp(mg, "1") && cu_mega_supported(device);
     if (cb->fast) {
         cu_fgemv_prepare(c->n_embd);
         cu_fgemv_prepare(c->n_ff);

@@ -143,4 +143,29 @@ typedef struct cu_hook_args {
 /* pdl: launch the kernels as programmatic dependents (inside a captured step). */
 cudaError_t cu_hook(cudaStream_t st, const cu_hook_args *a, int pdl);
 
+/* ---- the persistent decode step (cuda_step.cu, sm_90, SPARK_CUDA_MEGA) ----
+ *
+ * A fused single-token step as phases of one cooperative kernel (one block
+ * per SM, grid barriers between phases, weight rows streamed by the bulk
+ * copy engine across phase boundaries). cu_mega_create checks every phase
+ * and returns NULL for anything it does not take (the caller keeps its
+ * graph path); the position and token id are read from d_pos / d_ids. */
+enum { CU_MK_EMBED, CU_MK_GEMV, CU_MK_ATTN };
+typedef struct cu_mk_phase {
+    int kind, dtype;
+    int rpc, rope_class;     /* filled by cu_mega_create */
+    int rot_dims;            /* ATTN: rope of q and k, then the k/v store, then attention */
+    double theta;
+    cu_fgemv_args fg;        /* GEMV (bf16) */
+    cu_attn_args at;         /* ATTN (n == 1, f32 cache; splits chosen by cu_mega_create) */
+    const void *table;       /* EMBED: out = row *d_ids of table */
+    int64_t cols, row_bytes;
+    float *out;
+} cu_mk_phase;
+typedef struct cu_mega cu_mega;
+int cu_mega_supported(int device);
+cu_mega *cu_mega_create(const cu_mk_phase *phases, int np, int sms, int64_t *d_pos, const int32_t *d_ids);
+cudaError_t cu_mega_launch(cu_mega *mk, cudaStream_t st);
+void cu_mega_destroy(cu_mega *mk);
+
 #endif
