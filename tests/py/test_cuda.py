@@ -115,6 +115,23 @@ def test_decode_matches_cpu_and_gpu_prefill(models, name, dtype, tmp_path):
     check(f"decode vs prefill (gpu) {m.name}", dec, pre)
 
 
+@pytest.mark.parametrize("name", ["gqa4_w8", "gqa4_8layers_w12", "d256_gqa4_w16"])
+def test_persistent_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch):
+    """SPARK_CUDA_MEGA=1 (opt-in): every decode step as the persistent kernel of
+    cuda_step.cu; it must have run (the backend counts its launches) and agree
+    with the CPU like the graph path does."""
+    m = models[(name, "bf16")]
+    cpu = logits(tmp_path, m.hf, m.ids, "--all")
+    monkeypatch.setenv("SPARK_CUDA_MEGA", "1")
+    monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
+    out = tmp_path / "mega.npy"
+    proc = run_spark(["logits", m.hf, "--ids", ",".join(map(str, m.ids)), "--out", out, "--all", "--mode", "decode",
+                      "--gpu"])
+    launches = [int(x.split(": ")[1].split()[0]) for x in proc.stderr.split("persistent step kernel 1")[1:]]
+    assert launches and launches[0] >= len(m.ids) - 1, f"the persistent kernel did not run:\n{proc.stderr[-1500:]}"
+    check(f"decode (persistent kernel) {m.name} vs cpu", np.load(out), cpu)
+
+
 @pytest.mark.parametrize("batch", ["5", "13"])
 def test_chunked_prefill_matches_cpu(models, batch, tmp_path):
     """Chunks of 5 run the GEMV path (n <= 8), chunks of 13 cuBLAS with a short tail."""
