@@ -106,14 +106,31 @@ def wait_for_quiet(limit_s=900):
         time.sleep(10)
 
 
+RETRIES = 0  # --retries: re-run a row that something else disturbed
+
+
+def disturbed(r):
+    """Another job took a share of the machine during the run: the bandwidth
+    probe after it read much less than before, or the load rose well past
+    what the run itself adds (about its thread count over a minute)."""
+    after, before = r.get("bandwidth_after_gb_s"), r.get("bandwidth_before_gb_s")
+    if after and before and after < 0.85 * before:
+        return True
+    return MAX_LOAD is not None and r["load_after"] > MAX_LOAD + 1.2
+
+
 def bench(spark, model, p, n, threads, reps=1, extra=()):
     cmd = [spark, "bench", model, "-p", p, "-n", n, "-r", reps, "--json", *extra]
     if threads:
         cmd += ["-t", threads]
-    wait_for_quiet()
-    load0 = os.getloadavg()[0]
-    out = json.loads(run(cmd, capture_output=True, text=True).stdout)
-    out["load_before"], out["load_after"] = load0, os.getloadavg()[0]
+    for attempt in range(RETRIES + 1):
+        wait_for_quiet()
+        load0 = os.getloadavg()[0]
+        out = json.loads(run(cmd, capture_output=True, text=True).stdout)
+        out["load_before"], out["load_after"], out["attempts"] = load0, os.getloadavg()[0], attempt + 1
+        if not disturbed(out):
+            break
+        print(f"disturbed run (load {load0:.2f} -> {out['load_after']:.2f}), retrying", file=sys.stderr, flush=True)
     return out
 
 
@@ -172,13 +189,15 @@ def main():
     ap.add_argument("--prev-n", type=int, default=8)
     ap.add_argument("--max-load", type=float, help="before each run, wait (up to 15 min) for a 1-minute load "
                                                       "average below this")
+    ap.add_argument("--retries", type=int, default=0, help="re-run a row disturbed by other jobs up to this "
+                                                            "many times")
     ap.add_argument("--bench-args", default="", help="extra `spark bench` arguments for the current build "
                                                        "(e.g. --mmap)")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--record", help="append the section to this markdown file")
     a = ap.parse_args()
-    global MAX_LOAD
-    MAX_LOAD = a.max_load
+    global MAX_LOAD, RETRIES
+    MAX_LOAD, RETRIES = a.max_load, a.retries
     d = Path(a.dir)
     d.mkdir(parents=True, exist_ok=True)
     src = d / "spark-4b-bf16.gguf"

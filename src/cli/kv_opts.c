@@ -4,6 +4,7 @@
 #include "cli/kv_opts.h"
 
 #include "cli/cli_util.h"
+#include "model/model.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -63,33 +64,6 @@ void kv_opts_apply(const kv_opts *o, spark_session_options *so)
 
 /* ---- memory ----------------------------------------------------------------- */
 
-/* The first number after `key` in a small text file, or 0. */
-static uint64_t read_number(const char *path, const char *key)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[256];
-    uint64_t v = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, key, strlen(key))) continue;
-        v = strtoull(line + strlen(key), NULL, 10);
-        break;
-    }
-    fclose(f);
-    return v;
-}
-
-/* Bytes this process may still use: MemAvailable, capped by a cgroup v2
- * limit ("max" reads as 0 = none). 0 when unknown (no /proc). */
-static uint64_t memory_available(void)
-{
-    uint64_t avail = read_number("/proc/meminfo", "MemAvailable:") * 1024;
-    uint64_t limit = read_number("/sys/fs/cgroup/memory.max", "");
-    uint64_t used = read_number("/sys/fs/cgroup/memory.current", "");
-    if (limit && limit > used && limit - used < avail) avail = limit - used;
-    return avail;
-}
-
 static double gb(uint64_t bytes) { return (double)bytes / 1e9; }
 
 /* KV bytes of format `t` on the full layers (sliding as in so) at so's context. */
@@ -135,7 +109,7 @@ int kv_check_memory(const char *command, const spark_model *model, spark_session
     /* on a GPU the cache and scratch live in device memory, allocated (and
      * refused when too large) as the session is created */
     if (so->backend != SPARK_BACKEND_CPU) return 0;
-    uint64_t avail = memory_available();
+    uint64_t avail = model_memory_available(); /* MemAvailable, or a cgroup limit if lower */
     if (!avail) return 0; /* cannot tell: let the run try */
     uint64_t margin = avail / 20 > MARGIN_MIN ? avail / 20 : MARGIN_MIN;
     uint64_t budget = avail > margin ? avail - margin : 0;
