@@ -504,6 +504,38 @@ void fq_push(cuda_backend *cb, const cmd *c)
     cb->fq[cb->nfq++] = *c;
 }
 
+/* Instruments that cost a launch each are folded into the fused GEMV next
+ * to them, where the GEMV does their work exactly: a phase timestamp just
+ * before a GEMV becomes that GEMV's first act (after its dependency wait,
+ * the moment the stamp kernel would have run), and a steering `add` right
+ * after a GEMV's residual add joins its epilogue (same float operations as
+ * steer_kernel). Every other instrument keeps its own kernel. */
+void fold_hooks(cuda_backend *cb)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < cb->nfq; i++) {
+        cmd *c = &cb->fq[i];
+        cmd *next = i + 1 < cb->nfq ? &cb->fq[i + 1] : NULL;
+        if (c->op == OP_HOOK && c->hk.kind == CU_HOOK_STAMP && next && next->op == OP_FGEMV && !next->fg.stamps) {
+            next->fg.stamps = c->hk.stamps;
+            next->fg.stamp_phase = c->hk.phase;
+            continue;
+        }
+        if (c->op == OP_HOOK && c->hk.kind == CU_HOOK_STEER && c->hk.mode == SPARK_STEER_ADD && c->hk.n == 1 && w > 0) {
+            cmd *prev = &cb->fq[w - 1];
+            if (prev->op == OP_FGEMV && !prev->fg.pair && prev->fg.resid == c->hk.x && !prev->fg.steer_dir &&
+                prev->fg.rows1 == 0 && prev->fg.rows0 == c->hk.dim) {
+                prev->fg.steer_dir = c->hk.dir;
+                prev->fg.steer_alpha = c->hk.strength;
+                continue;
+            }
+        }
+        if (w != i) cb->fq[w] = *c;
+        w++;
+    }
+    cb->nfq = w;
+}
+
 void fuse(cuda_backend *cb)
 {
     const cmd *q = cb->q;
@@ -619,6 +651,7 @@ void fuse(cuda_backend *cb)
         fq_push(cb, c);
         i++;
     }
+    fold_hooks(cb);
     cb->fused = (long)n - (long)cb->nfq;
 }
 

@@ -104,6 +104,11 @@ typedef struct cu_fgemv_args {
     int64_t rows0, rows1, row_bytes;
     int cols, pair;
     float eps;
+    /* instruments folded in by fuse() (no launch of their own): */
+    unsigned long long *stamps; /* phase timing: a stamp_kernel's work, at the start */
+    int stamp_phase;
+    float steer_alpha;          /* steering `add` after the residual add: */
+    const float *steer_dir;     /* resid[r] += alpha * dir[r] */
 } cu_fgemv_args;
 
 /* Whether cu_fgemv takes this shape (else use cu_gemv). */

@@ -577,6 +577,12 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
     load(g); /* weights only: before the wait */
     pdl_wait();
     pdl_release();
+    if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (a.stamp_phase >= 0) a.stamps[1 + a.stamp_phase] += t - a.stamps[0];
+        a.stamps[0] = t;
+    }
 
     /* x (RMS-normalised when nw) into shared memory */
     const int c4 = a.cols / 4;
@@ -658,7 +664,11 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
                 a.out1[r] = up;
             } else if (r < a.rows0) {
                 a.out0[r] = acc[0];
-                if (a.resid) a.resid[r] += acc[0];
+                if (a.resid) {
+                    float h = a.resid[r] + acc[0];
+                    if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
+                    a.resid[r] = h;
+                }
             } else {
                 a.out1[r - a.rows0] = acc[0];
             }

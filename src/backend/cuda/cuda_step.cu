@@ -707,7 +707,7 @@ cu_mega *cu_mega_create(const cu_mk_phase *phases, int np, int sms, int64_t *d_p
         cu_mk_phase &p = ph[i];
         if (p.kind == CU_MK_GEMV) {
             cu_fgemv_args &a = p.fg;
-            ok = p.dtype == CU_BF16 && a.cols % 8 == 0 && a.row_bytes == (int64_t)a.cols * 2 && a.row_bytes % 16 == 0 &&
+            ok = !a.stamps && !a.steer_dir && p.dtype == CU_BF16 && a.cols % 8 == 0 && a.row_bytes == (int64_t)a.cols * 2 && a.row_bytes % 16 == 0 &&
                  ((uintptr_t)a.w0 % 16) == 0 && (!a.w1 || ((uintptr_t)a.w1 % 16) == 0) && ((uintptr_t)a.x % 16) == 0 &&
                  (!a.nw || ((uintptr_t)a.nw % 16) == 0) && (!a.xn || ((uintptr_t)a.xn % 16) == 0) &&
                  a.row_bytes * (a.pair ? 2 : 1) <= MK_SLOT;
