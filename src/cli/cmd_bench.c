@@ -18,6 +18,7 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/probe.h"
+#include "backend/cuda/cuda_backend.h"
 #include "model/model.h"
 
 #include <cjson/cJSON.h>
@@ -40,7 +41,8 @@ static const char bench_usage[] =
     "  --probe-mb N        bandwidth probe buffer in MiB (default 1024)\n"
     "  --no-probe          skip both probes (their fields print as 0)\n"
     "  --json              one JSON object instead of the table\n"
-    "  --gpu               run on the GPU (CUDA; the CPU probes are skipped)\n"
+    "  --gpu               run on the GPU (CUDA); the probes are then the GPU's: device-to-device\n"
+    "                      copy bandwidth (read + write) and a bf16 tensor-core GEMM's TFLOP/s\n"
     "  --phases            phase timing of the decode test (embed / attention / FFN / hooks / head;\n"
     "                      on the GPU also the wait for the device and the device's time per phase)\n"
     "  instruments, to measure their cost (see spark run --help): --steer FILE [--steer-mode M\n"
@@ -72,7 +74,7 @@ static int parse_bench_args(int argc, char **argv, bench_args *a)
         } else if (!strcmp(arg, "--no-probe")) {
             a->no_probe = 1;
         } else if (!strcmp(arg, "--gpu")) {
-            a->gpu = a->no_probe = 1;
+            a->gpu = 1;
         } else if (!strcmp(arg, "--phases")) {
             a->phases = 1;
         } else if (!strncmp(arg, "--steer", 7) || !strncmp(arg, "--capture", 9) || !strncmp(arg, "--ffn-", 6)) {
@@ -243,6 +245,7 @@ static void print_json(const bench_result *r)
     cJSON *o = cJSON_CreateObject();
     if (!o) return;
     cJSON_AddStringToObject(o, "model", base_name(r->a->model));
+    cJSON_AddStringToObject(o, "backend", r->a->gpu ? "cuda" : "cpu"); /* cuda: the probes are the GPU's */
     cJSON_AddStringToObject(o, "cpu", cpu_model_name());
     cJSON_AddStringToObject(o, "isa", cpu_isa_name(cpu_isa_active()));
     cJSON_AddNumberToObject(o, "threads", r->threads);
@@ -280,7 +283,8 @@ static void print_table(const bench_result *r)
 {
     const bench_args *a = r->a;
     char backend_name[64];
-    snprintf(backend_name, sizeof backend_name, "cpu %s", cpu_isa_name(cpu_isa_active()));
+    if (a->gpu) snprintf(backend_name, sizeof backend_name, "cuda");
+    else snprintf(backend_name, sizeof backend_name, "cpu %s", cpu_isa_name(cpu_isa_active()));
     printf("cpu: %s (%s%s%s)\n\n", cpu_model_name(), cpu_isa_name(cpu_isa_active()),
            *cpu_feature_string() ? ", " : "", cpu_feature_string());
     printf("| %-28s | %10s | %8s | %-12s | %7s | %6s | %16s |\n", "model", "size", "params", "backend", "threads",
@@ -305,15 +309,22 @@ static void print_table(const bench_result *r)
     printf("\n");
     const spark_model_load_info *li = spark_model_get_load_info(r->m);
     printf("weights: %s\n", li->why);
-    if (!a->no_probe)
+    if (!a->no_probe && a->gpu)
+        printf("GPU memory bandwidth (probe: device-to-device copy, read + write): %.1f GB/s\n", r->bw_gb_s);
+    else if (!a->no_probe)
         printf("memory bandwidth (probe, %d threads): %.1f GB/s (the better of %.1f before and %.1f after the tests)\n",
                r->threads, r->bw_gb_s, r->bw_before, r->bw_after);
     if (a->n_gen > 0)
         printf("decode: %.3f GB/token -> %.1f GB/s achieved; floor %.2f tok/s; %.1f%% of the floor\n",
                r->tg_bytes / 1e9, r->tg_gb_s, r->floor_tok_s, r->floor_pct);
-    if (!a->no_probe) printf("FMA peak (probe, %d threads): %.1f GFLOP/s\n", r->threads, r->peak_gflop_s);
+    if (!a->no_probe && a->gpu)
+        printf("GPU matrix peak (probe: cuBLAS bf16 GEMM 8192^3, fp32 accumulate): %.1f TFLOP/s\n",
+               r->peak_gflop_s / 1e3);
+    else if (!a->no_probe)
+        printf("FMA peak (probe, %d threads): %.1f GFLOP/s\n", r->threads, r->peak_gflop_s);
     if (a->n_prompt > 0)
-        printf("prefill: %.1f GFLOP/s; %.1f%% of the FMA peak\n", r->pp_gflop_s, r->pp_peak_pct);
+        printf("prefill: %.1f GFLOP/s; %.1f%% of the %s peak\n", r->pp_gflop_s, r->pp_peak_pct,
+               a->gpu ? "bf16 matrix" : "FMA");
 }
 
 static void derive(bench_result *r)
@@ -335,7 +346,15 @@ static void derive(bench_result *r)
 
 static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r)
 {
-    if (!a->no_probe) {
+    if (!a->no_probe && a->gpu) {
+        fprintf(stderr, "spark bench: probing the GPU's copy bandwidth and bf16 matrix peak...\n");
+        double tflops = 0;
+        size_t bytes = (size_t)(a->probe_mb == 1024 ? 2048 : a->probe_mb) << 20;
+        spark_status st = backend_cuda_probe(0, bytes, &r->bw_before, &tflops);
+        if (st != SPARK_OK) return st;
+        r->bw_gb_s = r->bw_after = r->bw_before;
+        r->peak_gflop_s = tflops * 1e3;
+    } else if (!a->no_probe) {
         fprintf(stderr, "spark bench: probing memory bandwidth and FMA peak...\n");
         spark_status st = cpu_probe_bandwidth(r->threads, (size_t)a->probe_mb << 20, 5, &r->bw_before);
         r->bw_gb_s = r->bw_before;
@@ -379,7 +398,7 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
     free(sec);
     /* probe again: on a shared machine the bandwidth drifts while the tests
      * run, and the floor is what the memory can do, so the better reading counts */
-    if (st == SPARK_OK && !a->no_probe) {
+    if (st == SPARK_OK && !a->no_probe && !a->gpu) {
         st = cpu_probe_bandwidth(r->threads, (size_t)a->probe_mb << 20, 5, &r->bw_after);
         if (r->bw_after > r->bw_gb_s) r->bw_gb_s = r->bw_after;
     }

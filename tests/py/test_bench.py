@@ -53,3 +53,17 @@ def test_usage_errors(model):
     run_spark(["bench", model, "-p", "x"], expect_rc=2)
     run_spark(["bench", model, "--frobnicate"], expect_rc=2)
     run_spark(["bench", model.parent / "missing.gguf", "--no-probe"], expect_rc=1)
+
+
+def test_gpu_bench(model):
+    """--gpu: the probes are the GPU's (copy bandwidth, bf16 GEMM peak) and the
+    ratios are taken against them; without a device a clear error, exit 1."""
+    proc = run_spark(["bench", model, "--gpu", "-p", "16", "-n", "8", "--json"], expect_rc=None)
+    if proc.returncode != 0:
+        assert proc.returncode == 1 and "no CUDA device" in proc.stderr, proc.stderr
+        pytest.skip("no CUDA device: " + proc.stderr.strip().splitlines()[-1])
+    out = json.loads(proc.stdout)
+    assert out["backend"] == "cuda"
+    assert out["bandwidth_gb_s"] > 100 and out["fma_peak_gflop_s"] > 1000  # any CUDA GPU of compute 8.0+
+    assert out["floor_pct"] == pytest.approx(100 * out["tg_gb_s"] / out["bandwidth_gb_s"], rel=1e-3)
+    assert out["pp_peak_pct"] == pytest.approx(100 * out["pp_gflop_s"] / out["fma_peak_gflop_s"], rel=1e-3)

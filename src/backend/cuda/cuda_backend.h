@@ -27,6 +27,12 @@ spark_status backend_cuda_create(const spark_model *model, int device, backend *
  * without such a device. */
 spark_status backend_cuda_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes, char *name, size_t name_len);
 
+/* Benchmarks only (spark bench --gpu): the device's own ceilings, measured
+ * now: copy_gb_s = 2 x bytes / time of a device-to-device copy of `bytes`
+ * (read + write, median of 10), bf16_tflop_s = a cuBLAS bf16 GEMM of
+ * 8192^3 with fp32 accumulation (median of 5). */
+spark_status backend_cuda_probe(int device, size_t bytes, double *copy_gb_s, double *bf16_tflop_s);
+
 /* Benchmarks only (engine/session.c's session_bench_fill): slots [0, rows)
  * of a layer's cache on a CUDA backend get seeded pseudo-random rows encoded
  * in the cache's format. */

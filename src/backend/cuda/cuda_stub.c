@@ -20,6 +20,14 @@ spark_status backend_cuda_create(const spark_model *model, int device, backend *
                       "no CUDA device: this spark was built without CUDA (nvcc was not on PATH at build time)");
 }
 
+spark_status backend_cuda_probe(int device, size_t bytes, double *copy_gb_s, double *bf16_tflop_s)
+{
+    (void)device;
+    (void)bytes;
+    *copy_gb_s = *bf16_tflop_s = 0;
+    return spark_fail(SPARK_ERR_UNSUPPORTED, "no CUDA device: this spark was built without CUDA");
+}
+
 spark_status backend_cuda_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes, char *name, size_t name_len)
 {
     (void)device;
