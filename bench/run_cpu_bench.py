@@ -2,7 +2,8 @@
 """CPU benchmark on a 4B-shaped synthetic Spark model (SPEC section 1 dims).
 
     python3 bench/run_cpu_bench.py [--spark build/spark] [--dir /tmp/spark-bench-4b]
-        [--types bf16,q8_0,q4_k_m] [-p 512] [-n 128] [-t N] [--prev BIN] [--keep]
+        [--types bf16,q8_0,q4_k_m] [-p 512] [-n 128] [-t N] [--prev BIN] [--prev-types T]
+        [--max-load L] [--retries N] [--keep]
         [--record bench/RESULTS.md]
 
 1. Writes a bf16 GGUF with seeded random weights of the real 4B shape
@@ -10,8 +11,10 @@
    8.2 GB), one tensor at a time through gguf-py's streaming writer.
 2. Makes the other types with `spark quantize` (the C quantizer).
 3. Runs `spark bench --json` on each (pp and tg, with the bandwidth and FMA
-   probes), and with --prev BIN also the previous build on the bf16 file
-   (with a shorter -p / -n: the old plain-C path is slow).
+   probes), and with --prev BIN also a previous build right after it on the
+   types named by --prev-types (default bf16; --prev-p / --prev-n, default
+   32 / 8 for a slow old build). --max-load waits for a quiet minute before
+   each run, --retries re-runs one another job disturbed.
 4. Prints a markdown section and, with --record, appends it to RESULTS.md.
 Files are deleted at the end unless --keep. llama.cpp is not packaged for
 this Debian release (apt-cache policy llama.cpp: no candidate), so there is
@@ -116,7 +119,7 @@ def disturbed(r):
     after, before = r.get("bandwidth_after_gb_s"), r.get("bandwidth_before_gb_s")
     if after and before and after < 0.85 * before:
         return True
-    return MAX_LOAD is not None and r["load_after"] > MAX_LOAD + 1.2
+    return MAX_LOAD is not None and r["load_after"] > MAX_LOAD + 0.8
 
 
 def bench(spark, model, p, n, threads, reps=1, extra=()):
