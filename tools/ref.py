@@ -364,6 +364,30 @@ def _layer_forward(m, L, h, pos, sliding, variant, record=None, kv=None):
     return h + a @ L.ffn_down.T
 
 
+def steer_modes(directions, mode, strength):
+    """The issue's steering modes as an f(layer, h) for `steer=`: per layer a
+    direction d (rows of `directions`; a zero row leaves the layer alone),
+    u = d/|d|, strength a:  add h + a d;  ablate h - a (h.u) u;
+    clamp h + (a - h.u) u;  renorm h' = h - (h.u) u, scaled back to |h|."""
+    def f(layer, h):
+        v = np.asarray(directions[layer], dtype=np.float64)
+        if not v.any():
+            return h
+        u = v / np.linalg.norm(v)
+        proj = h @ u
+        if mode == "add":
+            return h + strength * v
+        if mode == "ablate":
+            return h - strength * proj[:, None] * u
+        if mode == "clamp":
+            return h + (strength - proj)[:, None] * u
+        if mode != "renorm":
+            raise ValueError(f"unknown steering mode {mode!r}")
+        hp = h - proj[:, None] * u
+        return hp * (np.linalg.norm(h, axis=1) / np.linalg.norm(hp, axis=1))[:, None]
+    return f
+
+
 def _apply_steer(steer, i, h):
     """steer: None; {layer: vector} added to the residual; or f(layer, h) -> h."""
     if steer is None:

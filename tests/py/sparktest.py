@@ -26,3 +26,20 @@ def run_spark(args, expect_rc=0, input=None, timeout=600):
             f"spark {args}: exit {proc.returncode}, expected {expect_rc}\n"
             f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}")
     return proc
+
+
+def require_gpu(tmp_path_factory):
+    """pytest.skip unless `spark logits --gpu` runs here; a failure for any
+    reason other than a missing device fails the test instead."""
+    import mkmodel  # tools/, on PYTHONPATH for the tests
+    import pytest
+
+    d = tmp_path_factory.mktemp("probe")
+    mkmodel.make_model(str(d / "m"), hidden=32, ff=64, layers=1, heads=2, kv_heads=1, head_dim=16, vocab=64)
+    proc = run_spark(["logits", d / "m", "--ids", "1,2", "--out", d / "x.npy", "--gpu"], expect_rc=None)
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["spark logits --gpu failed"])[-1]
+        if "no CUDA device" not in reason and "without CUDA" not in reason:
+            pytest.fail(f"spark logits --gpu failed for a reason other than a missing device: {reason}")
+        pytest.skip(reason)
+    return True

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import mkmodel
-from sparktest import ROOT, run_spark
+from sparktest import ROOT, require_gpu, run_spark
 
 TOL = 1e-3
 TINY = ROOT / "models" / "spark-tiny"
@@ -68,15 +68,7 @@ def logits(tmp, model, ids, *extra):
 @pytest.fixture(scope="module")
 def gpu(tmp_path_factory):
     """Skip the module unless `spark logits --gpu` runs here."""
-    d = tmp_path_factory.mktemp("probe")
-    mkmodel.make_model(str(d / "m"), hidden=32, ff=64, layers=1, heads=2, kv_heads=1, head_dim=16, vocab=64)
-    proc = run_spark(["logits", d / "m", "--ids", "1,2", "--out", d / "x.npy", "--gpu"], expect_rc=None)
-    if proc.returncode != 0:
-        reason = (proc.stderr.strip().splitlines() or ["spark logits --gpu failed"])[-1]
-        if "no CUDA device" not in reason and "without CUDA" not in reason:
-            pytest.fail(f"spark logits --gpu failed for a reason other than a missing device: {reason}")
-        pytest.skip(reason)
-    return True
+    return require_gpu(tmp_path_factory)
 
 
 class Built:

@@ -24,7 +24,7 @@ import pytest
 
 import mkmodel
 import ref
-from sparktest import ROOT, run_spark
+from sparktest import ROOT, require_gpu, run_spark
 
 REPORT = os.environ.get("SPARK_CUDA_REPORT")  # optional JSON lines file of measured errors
 TINY = ROOT / "models" / "spark-tiny"
@@ -49,15 +49,7 @@ def record(name, value):
 @pytest.fixture(scope="module")
 def gpu(tmp_path_factory):
     """Skip the module unless `spark logits --gpu` runs here."""
-    d = tmp_path_factory.mktemp("probe")
-    mkmodel.make_model(str(d / "m"), hidden=32, ff=64, layers=1, heads=2, kv_heads=1, head_dim=16, vocab=64)
-    proc = run_spark(["logits", d / "m", "--ids", "1,2", "--out", d / "x.npy", "--gpu"], expect_rc=None)
-    if proc.returncode != 0:
-        reason = (proc.stderr.strip().splitlines() or ["spark logits --gpu failed"])[-1]
-        if "no CUDA device" not in reason and "without CUDA" not in reason:
-            pytest.fail(f"spark logits --gpu failed for a reason other than a missing device: {reason}")
-        pytest.skip(reason)
-    return True
+    return require_gpu(tmp_path_factory)
 
 
 class Built:
@@ -100,22 +92,7 @@ def logits(m, tmp, *extra, gpu=True, decode=False):
     return np.load(out)
 
 
-def steer_fn(d, mode, a):
-    def f(layer, h):
-        v = d[layer]
-        if not v.any():
-            return h
-        u = v / np.linalg.norm(v)
-        proj = h @ u
-        if mode == "add":
-            return h + a * v
-        if mode == "ablate":
-            return h - a * proj[:, None] * u
-        if mode == "clamp":
-            return h + (a - proj)[:, None] * u
-        hp = h - proj[:, None] * u  # renorm
-        return hp * (np.linalg.norm(h, axis=1) / np.linalg.norm(hp, axis=1))[:, None]
-    return f
+steer_fn = ref.steer_modes  # the NumPy oracle of the four modes (tools/ref.py)
 
 
 MODES = [("add", 2.5), ("ablate", 1.0), ("clamp", 3.0), ("renorm", 1.0)]

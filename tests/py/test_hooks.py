@@ -44,22 +44,7 @@ def directions(tmp, layers=(1, 3)):
     return path, d.astype(np.float64)
 
 
-def steer_fn(d, mode, a):
-    def f(layer, h):
-        v = d[layer]
-        if not v.any():
-            return h
-        u = v / np.linalg.norm(v)
-        proj = h @ u
-        if mode == "add":
-            return h + a * v
-        if mode == "ablate":
-            return h - a * proj[:, None] * u
-        if mode == "clamp":
-            return h + (a - proj)[:, None] * u
-        hp = h - proj[:, None] * u  # renorm
-        return hp * (np.linalg.norm(h, axis=1) / np.linalg.norm(hp, axis=1))[:, None]
-    return f
+steer_fn = ref.steer_modes  # the NumPy oracle of the four modes (tools/ref.py)
 
 
 @pytest.mark.parametrize("mode,strength", [("add", 2.5), ("ablate", 1.0), ("ablate", 0.5), ("clamp", 3.0),
