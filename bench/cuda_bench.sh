@@ -29,33 +29,12 @@
 set -u
 MODE=${1:-full}
 OUT=${OUT:-/tmp/cuda-bench}
-mkdir -p "$OUT"
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-T0=$(date +%s)
-SUMMARY=$OUT/summary.txt
-: >"$SUMMARY"
-stamp() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$SUMMARY"; }
-note() { echo "$*" | tee -a "$SUMMARY"; }
-export PYTHONUNBUFFERED=1
-command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+. "$(dirname "$0")/device_env.sh"
 
 stamp "start ($MODE) on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,temperature.gpu \
     --format=csv 2>&1 | tee -a "$SUMMARY"
 
-# ---- deps ---------------------------------------------------------------------
-SYS=/tmp/sysroot
-if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/microhttpd.h ]; then
-    mkdir -p $SYS
-    for f in .devdeps/*.deb; do dpkg -x "$f" $SYS; done
-    export EXTRA_CFLAGS="-I$SYS/usr/include"
-    export LDFLAGS="-L$SYS/usr/lib/x86_64-linux-gnu"
-    export LD_LIBRARY_PATH=$SYS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-    note "deps: unpacked .devdeps into $SYS"
-fi
-
-SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
 if [ "$MODE" = ab ]; then
     ( timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/models.log" 2>&1
       timeout 240 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1
@@ -64,8 +43,6 @@ fi
 
 # ---- build --------------------------------------------------------------------
 stamp build
-CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-LIBS="-fopenmp ${LDFLAGS:-} -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
 NVFLAGS=()
 [ "$MODE" = ab ] && NVFLAGS=(NVCCFLAGS="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a") # sm_90 only: faster build
 if timeout 300 make -j"$(nproc)" BUILD=build-gpu "${NVFLAGS[@]}" build-gpu/spark >"$OUT/build.log" 2>&1 &&
@@ -197,7 +174,6 @@ fi
 
 # ---- check: 4B-shaped 2-layer bf16 model, GPU vs CPU ----------------------------
 stamp check
-SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
 timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/check.log" 2>&1
 timeout 150 python3 - >>"$OUT/check.log" 2>&1 <<'EOF'
 import os, subprocess, numpy as np

@@ -11,33 +11,12 @@
 # not start here, the script builds build-h4/spark (sm_90a only).
 set -u
 OUT=${OUT:-/tmp/cuda-hooks}
-mkdir -p "$OUT"
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
 LAYERS=${1:-8}
-T0=$(date +%s)
-SUMMARY=$OUT/summary.txt
-: >"$SUMMARY"
-stamp() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$SUMMARY"; }
-note() { echo "$*" | tee -a "$SUMMARY"; }
-export PYTHONUNBUFFERED=1
-command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
-CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+. "$(dirname "$0")/device_env.sh"
 
 stamp "start on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
 
-SYS=/tmp/sysroot
-if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/microhttpd.h ]; then
-    mkdir -p $SYS
-    for f in .devdeps/*.deb; do dpkg -x "$f" $SYS; done
-    export EXTRA_CFLAGS="-I$SYS/usr/include"
-    export LDFLAGS="-L$SYS/usr/lib/x86_64-linux-gnu"
-    export LD_LIBRARY_PATH=$SYS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-fi
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$CUDA_HOME/lib64
-
-SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
 ( timeout 150 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers "$LAYERS" --max-ctx 4096 \
     >/tmp/model.log 2>&1; echo done >/tmp/m4b.done ) &
 

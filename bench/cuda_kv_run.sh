@@ -23,39 +23,18 @@
 set -u
 BIN=${1:-build-h2}
 OUT=${OUT:-/tmp/cuda-kv}
-mkdir -p "$OUT"
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-T0=$(date +%s)
-SUMMARY=$OUT/summary.txt
-: >"$SUMMARY"
-stamp() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$SUMMARY"; }
-note() { echo "$*" | tee -a "$SUMMARY"; }
-export PYTHONUNBUFFERED=1
-command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+. "$(dirname "$0")/device_env.sh"
 stamp "start on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total,memory.used --format=csv 2>&1 | tee -a "$SUMMARY"
 
-SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
 ( timeout 300 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 1048576 >"$OUT/model.log" 2>&1
   echo done >/tmp/model.done ) &
 
-SYS=/tmp/sysroot
-if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/microhttpd.h ]; then
-    mkdir -p $SYS
-    for f in .devdeps/*.deb; do dpkg -x "$f" $SYS; done
-    export EXTRA_CFLAGS="-I$SYS/usr/include"
-    export LDFLAGS="-L$SYS/usr/lib/x86_64-linux-gnu"
-    export LD_LIBRARY_PATH=$SYS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-fi
-CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$CUDA_HOME/lib64
 
 if "$BIN/spark" --help >/dev/null 2>&1 && "$BIN/cuda_kv_bench" 2>&1 | grep -q usage; then
     note "binaries: carried ($BIN)"
 else
     stamp "build (carried binaries do not run: $("$BIN/spark" --help 2>&1 | tail -1))"
-    LIBS="-fopenmp ${LDFLAGS:-} -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
     BIN=build-gpu
     if timeout 300 make -j"$(nproc)" BUILD=build-gpu NVCCFLAGS="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a" \
         build-gpu/spark >"$OUT/build.log" 2>&1 &&

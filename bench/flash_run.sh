@@ -6,24 +6,10 @@
 # Logs under $OUT (default /tmp/flash-run), summary last.
 set -u
 OUT=${OUT:-/tmp/flash-run}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
-T0=$(date +%s)
-S=$OUT/summary.txt
-: >"$S"
-stamp() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$S"; }
-note() { echo "$*" | tee -a "$S"; }
-export PYTHONUNBUFFERED=1
-command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+. "$(dirname "$0")/device_env.sh"
+S=$SUMMARY
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$S"
-SYS=/tmp/sysroot
-if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/microhttpd.h ]; then
-    mkdir -p $SYS
-    for f in .devdeps/*.deb; do dpkg -x "$f" $SYS; done
-    export EXTRA_CFLAGS="-I$SYS/usr/include" LDFLAGS="-L$SYS/usr/lib/x86_64-linux-gnu"
-    export LD_LIBRARY_PATH=$SYS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-fi
-SHAPE="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
+SHAPE=$SHAPE4B
 # (a warm machine may still hold them: reused when the shape and context match)
 have() { grep -q "\"num_hidden_layers\": $2," $1/config.json 2>/dev/null && grep -q "\"max_position_embeddings\": $3," $1/config.json; }
 rm -f /tmp/models.done
@@ -39,8 +25,6 @@ fi
   echo done >/tmp/models.done ) &
 
 stamp build
-CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-LIBS="-fopenmp ${LDFLAGS:-} -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
 if timeout 200 make -j16 BUILD=build-flash NVCCFLAGS="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a" build-flash/spark \
     >"$OUT/build.log" 2>&1 &&
     gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -o build-flash/flash_bench bench/flash_bench.c build-flash/libspark.a $LIBS \

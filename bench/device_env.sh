@@ -1,0 +1,32 @@
+# device_env.sh — what every device script (bench/cuda_*.sh, flash_run.sh)
+# needs first on a lent GPU machine; sourced, after the script has set OUT:
+#   . "$(dirname "$0")/device_env.sh"
+# Gives: the repository root as the working directory, $SUMMARY and the
+# stamp / note helpers (each line also appended to it), nvcc on PATH and
+# $CUDA_HOME, the system libraries that machine lacks unpacked from
+# .devdeps/*.deb into /tmp/sysroot (EXTRA_CFLAGS / LDFLAGS / LD_LIBRARY_PATH
+# for make and for running), $LIBS to link a bench driver against
+# libspark.a, and $SHAPE4B (SPEC §1's 4B dimensions for
+# bench/cuda_bench_model.py).
+mkdir -p "$OUT"
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+ROOT=$PWD
+T0=$(date +%s)
+SUMMARY=${SUMMARY:-$OUT/summary.txt}
+: >"$SUMMARY"
+stamp() { echo "== [$(($(date +%s) - T0))s] $*" | tee -a "$SUMMARY"; }
+note() { echo "$*" | tee -a "$SUMMARY"; }
+export PYTHONUNBUFFERED=1
+command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+SYS=/tmp/sysroot
+if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/microhttpd.h ]; then
+    mkdir -p $SYS
+    for f in .devdeps/*.deb; do dpkg -x "$f" $SYS; done
+    export EXTRA_CFLAGS="-I$SYS/usr/include"
+    export LDFLAGS="-L$SYS/usr/lib/x86_64-linux-gnu"
+    export LD_LIBRARY_PATH=$SYS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+fi
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$CUDA_HOME/lib64
+LIBS="-fopenmp ${LDFLAGS:-} -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
+SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
