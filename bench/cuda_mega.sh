@@ -1,7 +1,7 @@
 #!/bin/bash
 # cuda_mega.sh — one device call for the persistent decode-step kernel
 # (src/backend/cuda/cuda_step.cu, SPARK_CUDA_MEGA): build, check it against
-# the CPU and the graph path (SPARK_CUDA_MEGA=0), time decode both ways on
+# the CPU and the graph path (SPARK_CUDA_MEGA=0, the default), time decode both ways on
 # the 4B shape, run tests/py/test_cuda.py and a memcheck. Logs under $OUT.
 #
 #   bash bench/cuda_mega.sh [quick|full]
@@ -9,6 +9,8 @@ set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/cuda-mega}
 . "$(dirname "$0")/device_env.sh"
+# the kernel is opt-in: every run below uses it unless it says SPARK_CUDA_MEGA=0
+export SPARK_CUDA_MEGA=1
 stamp "start ($MODE) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null) + working tree"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$SUMMARY"
 
