@@ -48,17 +48,7 @@ fi
 export SPARK_BIN=$ROOT/$BIN/spark
 
 stamp probe
-timeout 60 python3 - <<'EOF' 2>&1 | tail -1 | tee -a "$SUMMARY"
-import torch
-x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
-for _ in range(3): y.copy_(x)
-s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-ts = []
-for _ in range(10):
-    s.record(); y.copy_(x); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
-ts.sort(); t = ts[len(ts) // 2] / 1e3
-print(f"probe: d2d copy of 2 GiB: median {t*1e3:.3f} ms = {2 * x.numel() / t / 1e12:.2f} TB/s (read + write)")
-EOF
+probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
 
 stamp tests
 export SPARK_CUDA_REPORT=$OUT/errors.jsonl

@@ -7,7 +7,8 @@
 # .devdeps/*.deb into /tmp/sysroot (EXTRA_CFLAGS / LDFLAGS / LD_LIBRARY_PATH
 # for make and for running), $LIBS to link a bench driver against
 # libspark.a, and $SHAPE4B (SPEC §1's 4B dimensions for
-# bench/cuda_bench_model.py).
+# bench/cuda_bench_model.py), and probe_copy_bandwidth: the floor's
+# denominator, a 2 GiB device-to-device copy timed with torch (one line).
 mkdir -p "$OUT"
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -30,3 +31,16 @@ fi
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$CUDA_HOME/lib64
 LIBS="-fopenmp ${LDFLAGS:-} -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
 SHAPE4B="--hidden 2560 --ff 10240 --heads 16 --kv-heads 4 --head-dim 256 --vocab 131072 --window 512"
+probe_copy_bandwidth() {
+    timeout 60 python3 - <<'PROBE'
+import torch
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+ts = []
+for _ in range(10):
+    s.record(); y.copy_(x); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+ts.sort(); t = ts[len(ts) // 2] / 1e3
+print(f"probe: d2d copy of 2 GiB: median {t*1e3:.3f} ms = {2 * x.numel() / t / 1e12:.2f} TB/s (read + write)")
+PROBE
+}
