@@ -886,6 +886,20 @@ void cuda_rope(backend *be, float *x, int n, int64_t stride, int n_heads, int he
     submit(cb, &c);
 }
 
+/* Flash-decoding key splits, sized from the cache's capacity and not the
+ * position, so a decode step's launch shape never changes: the key range is
+ * cut until `blocks` x splits reaches `target` blocks, each split at least
+ * min_keys long at full capacity (shorter while the context is short). */
+int64_t key_splits(const kv_layer *cache, int64_t blocks, int64_t target, int64_t min_keys)
+{
+    if (blocks >= target) return 1;
+    const int64_t cap = cache->window && cache->window < cache->slots ? cache->window : cache->slots;
+    int64_t splits = (target + blocks - 1) / blocks;
+    const int64_t most = (cap + min_keys - 1) / min_keys;
+    if (splits > most) splits = most;
+    return splits < 1 ? 1 : splits;
+}
+
 /* Attention over a coded cache (cuda_kv.cu). Flash-decoding splits from the
  * capacity, as for f32 (launch shape independent of the position): enough
  * blocks to fill every SM once (the kernel's occupancy), each split at least
@@ -896,15 +910,9 @@ void kv_coded_attention(cuda_backend *cb, float *out, const float *qkv, const kv
                         const attn_shape *sh)
 {
     const int64_t KV_SPLIT_MIN_KEYS = 128;
-    int64_t cap = cache->window && cache->window < cache->slots ? cache->window : cache->slots;
     int per_sm = cu_kv_attn_blocks_per_sm(cache->type, sh->n_head, sh->n_head_kv); /* one whole wave */
-    int64_t blocks = (int64_t)n * sh->n_head_kv, target = (per_sm > 0 ? per_sm : 4) * (int64_t)cb->sms, splits = 1;
-    if (blocks < target) {
-        splits = (target + blocks - 1) / blocks;
-        int64_t most = (cap + KV_SPLIT_MIN_KEYS - 1) / KV_SPLIT_MIN_KEYS;
-        if (splits > most) splits = most;
-        if (splits < 1) splits = 1;
-    }
+    int64_t splits = key_splits(cache, (int64_t)n * sh->n_head_kv, (per_sm > 0 ? per_sm : 4) * (int64_t)cb->sms,
+                                KV_SPLIT_MIN_KEYS);
     cmd c = new_cmd(OP_KVATTN, n);
     cu_kv_attn_args *a = &c.kva;
     a->out = out;
@@ -942,20 +950,7 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
         kv_coded_attention(cb, out, qkv, cache, n, sh);
         return;
     }
-    /* Splits are sized from the cache's capacity, not the position, so a
-     * decode step's launch shape never changes: flash-decoding cuts the key
-     * range until the GPU is full, each split at least SPLIT_MIN_KEYS long
-     * at full capacity (shorter while the context is short). */
-    int64_t cap = cache->window && cache->window < cache->slots ? cache->window : cache->slots;
-    int64_t blocks = (int64_t)n * sh->n_head_kv;
-    int64_t target = 2 * (int64_t)cb->sms;
-    int64_t splits = 1;
-    if (blocks < target) {
-        splits = (target + blocks - 1) / blocks;
-        int64_t most = (cap + SPLIT_MIN_KEYS - 1) / SPLIT_MIN_KEYS;
-        if (splits > most) splits = most;
-        if (splits < 1) splits = 1;
-    }
+    int64_t splits = key_splits(cache, (int64_t)n * sh->n_head_kv, 2 * (int64_t)cb->sms, SPLIT_MIN_KEYS);
     cmd c = new_cmd(OP_ATTN, n);
     cu_attn_args *a = &c.attn;
     a->out = out;
