@@ -38,7 +38,7 @@ static const char bench_usage[] =
     "  -n, --n-gen N       tokens for the decode test (default 128; 0 skips it)\n"
     "  -t, --threads N     CPU threads (default: physical cores)\n"
     "  -r, --reps N        repetitions of each test; mean and spread reported (default 1)\n"
-    "  --probe-mb N        bandwidth probe buffer in MiB (default 1024)\n"
+    "  --probe-mb N        bandwidth probe buffer in MiB (default 1024; 2048 with --gpu)\n"
     "  --no-probe          skip both probes (their fields print as 0)\n"
     "  --json              one JSON object instead of the table\n"
     "  --gpu               run on the GPU (CUDA); the probes are then the GPU's: device-to-device\n"
@@ -349,8 +349,7 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
     if (!a->no_probe && a->gpu) {
         fprintf(stderr, "spark bench: probing the GPU's copy bandwidth and bf16 matrix peak...\n");
         double tflops = 0;
-        size_t bytes = (size_t)(a->probe_mb == 1024 ? 2048 : a->probe_mb) << 20;
-        spark_status st = backend_cuda_probe(0, bytes, &r->bw_before, &tflops);
+        spark_status st = backend_cuda_probe(0, (size_t)a->probe_mb << 20, &r->bw_before, &tflops);
         if (st != SPARK_OK) return st;
         r->bw_gb_s = r->bw_after = r->bw_before;
         r->peak_gflop_s = tflops * 1e3;
@@ -407,9 +406,10 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
 
 int cmd_bench(int argc, char **argv)
 {
-    bench_args a = {.n_prompt = 512, .n_gen = 128, .reps = 1, .probe_mb = 1024};
+    bench_args a = {.n_prompt = 512, .n_gen = 128, .reps = 1};
     hook_opts_init(&a.hooks);
     if (!parse_bench_args(argc, argv, &a)) return EXIT_USAGE;
+    if (!a.probe_mb) a.probe_mb = a.gpu ? 2048 : 1024; /* the GPU's 50 MB L2 wants a larger copy */
     spark_model *m = NULL;
     if (cli_load_model(a.model, a.load_mode, a.gpu, &m) != SPARK_OK) return cli_report_error("bench");
     const spark_model_load_info *li = spark_model_get_load_info(m);
