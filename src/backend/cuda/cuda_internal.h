@@ -23,6 +23,16 @@ enum {
  * needs no C include. */
 enum { CU_F32 = 0, CU_F16, CU_BF16, CU_Q8_0, CU_Q4_0, CU_Q4_K, CU_Q6_K };
 
+/* Upcoming weights to pull into L2 (up to two byte ranges, 16-byte aligned
+ * and sized): given to a kernel of a decode step whose own memory stream is
+ * ending (a GEMV's last rows) or small (rope, attention), so the DRAM keeps
+ * streaming across kernel boundaries and the next GEMV's first rows come
+ * from L2. Planned by the backend's fuse(); zero = none. */
+typedef struct cu_prefetch {
+    const void *p[2];
+    int64_t bytes[2];
+} cu_prefetch;
+
 /* out[t, r] = x[t, :] . W[r, :] for t < n (n <= CUDA_GEMV_MAX_TOKENS).
  * W: rows x cols in `dtype`, row_bytes apart. */
 cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, int dtype, int64_t rows,
@@ -67,6 +77,7 @@ typedef struct cu_attn_args {
     const float *gate; /* non-NULL: out[t, h, :] *= sigmoid(gate[t * n_head + h]) (the head gate, fused) */
     int pdl;           /* launch as a programmatic dependent of the previous kernel (sm_90) */
     int flash;         /* run by cu_flash_attention (prefill chunks, f32 cache; set by the backend) */
+    cu_prefetch pf;    /* decode: issued before the dependency wait */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
 
@@ -109,6 +120,7 @@ typedef struct cu_fgemv_args {
     int stamp_phase;
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
+    cu_prefetch pf;             /* issued by each block once its last rows' loads are out */
 } cu_fgemv_args;
 
 /* Whether cu_fgemv takes this shape (else use cu_gemv). */
@@ -121,7 +133,8 @@ void cu_fgemv_prepare(int64_t cols);
  * k (rotated) and v rows stored into cache slot *pos % slots: the two rope
  * ops and the kv store of a decode step in one launch. */
 cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, int head_dim, const int64_t *pos,
-                       int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl);
+                       int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl,
+                       cu_prefetch pf);
 
 /* Whether a graph captured from programmatic dependent launches runs here
  * (checked once, at backend creation; synchronizes `st`). */

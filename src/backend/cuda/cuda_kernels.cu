@@ -50,6 +50,43 @@ __device__ __forceinline__ void pdl_release()
 #endif
 }
 
+/* Pull [p, p + bytes) into L2 without waiting for it (bytes a multiple of
+ * 16, p 16-byte aligned): the bulk-copy engine's prefetch on sm_90, one
+ * line prefetch per 128 bytes before. */
+__device__ __forceinline__ void prefetch_l2(const char *p, uint32_t bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    for (uint32_t o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+#endif
+}
+
+/* This thread's share (thread `tid` of `nthreads`) of a prefetch plan, in
+ * 4 KB pieces dealt round-robin. */
+__device__ void prefetch_share(const cu_prefetch &pf, int64_t tid, int64_t nthreads)
+{
+    constexpr int64_t PIECE = 4096;
+    for (int s = 0; s < 2; s++) {
+        const char *base = (const char *)pf.p[s];
+        const int64_t n = pf.bytes[s];
+        for (int64_t off = tid * PIECE; base && off < n; off += nthreads * PIECE) {
+            const int64_t len = n - off < PIECE ? n - off : PIECE;
+            prefetch_l2(base + off, (uint32_t)len & ~15u);
+        }
+    }
+}
+
+/* Block-major numbering of the grid's threads, so every block holds pieces
+ * spread over the whole plan. */
+__device__ __forceinline__ void prefetch_grid(const cu_prefetch &pf)
+{
+    if (!pf.bytes[0] && !pf.bytes[1]) return;
+    const int64_t nb = (int64_t)gridDim.x * gridDim.y;
+    const int64_t b = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
+    prefetch_share(pf, (int64_t)threadIdx.x * nb + b, nb * blockDim.x);
+}
+
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float b2f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 __device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return *(const uint16_t *)p; }
@@ -378,6 +415,7 @@ constexpr int ATT_WARPS = 4;
 template <int E, int GMAX>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args a)
 {
+    prefetch_grid(a.pf);
     pdl_wait();
     pdl_release();
     const int D = a.head_dim, G = a.n_head / a.n_head_kv;
@@ -637,6 +675,7 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
         const int64_t r = g * RPG + rl;
         const int64_t gn = g + gridDim.x;
         if (gn < groups) load(gn); /* in flight during the reduction below */
+        else prefetch_grid(a.pf);  /* this block's stream ends: start the next matrix's */
 #pragma unroll
         for (int q = 0; q < NR; q++) acc[q] = warp_sum(acc[q]);
         bool mine = lane == 0 && r < R;
@@ -682,8 +721,9 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
  * dim: rotate q and k pairs (angles in double, as rope_kernel), store k and
  * v into the cache slot of the position. */
 __global__ void rope_kv_kernel(float *qkv, int n_q, int n_kv, int D, const int64_t *pos, int half, double theta,
-                               float *kc, float *vc, int64_t slots)
+                               float *kc, float *vc, int64_t slots, cu_prefetch pf)
 {
+    prefetch_grid(pf);
     pdl_wait();
     pdl_release();
     const int h = blockIdx.x, t = threadIdx.x;
@@ -1017,11 +1057,12 @@ void cu_fgemv_prepare(int64_t cols)
 }
 
 cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, int head_dim, const int64_t *pos,
-                       int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl)
+                       int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl,
+                       cu_prefetch pf)
 {
     cudaError_t e = launch_ex(pdl != 0, dim3((unsigned)(n_head + 2 * n_head_kv)), dim3((unsigned)head_dim), 0, st,
                               rope_kv_kernel, qkv, n_head, n_head_kv, head_dim, pos, rot_dims / 2, theta, kc, vc,
-                              slots);
+                              slots, pf);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }

@@ -1,0 +1,86 @@
+#!/bin/bash
+# cuda_decode_run.sh — one device call for decode-path work (issue 6) with
+# binaries built on the development machine and carried: a correctness check
+# of decode against the CPU on a 4-layer 4B-shaped model, a decode sweep over
+# environment settings on the 36-layer 4B shape, the GPU test files, and a
+# memcheck. Logs under $OUT.
+#
+#   BIN=.lead/bin SWEEP="label:ENV=1,ENV2=2;label2:..." bash bench/cuda_decode_run.sh [quick|full]
+#
+# BIN holds `spark` and `cuda_bench` (make BUILD=X X/spark; bench/cuda_bench.c
+# linked against X/libspark.a), and optionally wheels/ (the openai client for
+# the GPU server test). SWEEP: decode configurations, each run as
+# `cuda_bench --ctx 4096 --prefill 512 --decode 256` with its variables set;
+# `full` adds context 32k for the first two.
+set -u
+MODE=${1:-quick}
+OUT=${OUT:-/tmp/cuda-decode}
+. "$(dirname "$0")/device_env.sh"
+BIN=$(readlink -f "${BIN:-.lead/bin}")
+stamp "start ($MODE) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+
+( timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/models.log" 2>&1
+  echo done >/tmp/m4b2.done
+  timeout 300 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1
+  echo done >/tmp/m4b.done ) &
+if [ -d "$BIN/wheels" ]; then
+    timeout 60 pip install -q --no-index --find-links "$BIN/wheels" openai >"$OUT/pip.log" 2>&1 &&
+        note "openai client installed" || note "openai client: not installed ($(tail -1 "$OUT/pip.log"))"
+fi
+export SPARK_BIN=$BIN/spark
+"$SPARK_BIN" --help >/dev/null 2>&1 || { note "carried spark does not run: $(ldd "$SPARK_BIN" | grep 'not found')"; exit 1; }
+probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+
+stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
+for _ in $(seq 120); do [ -f /tmp/m4b2.done ] && break; sleep 1; done
+timeout 150 python3 - 2>&1 <<'EOF2' | tee -a "$SUMMARY"
+import os, subprocess, numpy as np
+spark = os.environ["SPARK_BIN"]
+ids = ",".join(str(i) for i in np.random.default_rng(5).integers(3, 131072, 600))
+def run(out, *extra, env=None):
+    subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ids, "--out", out, "--all", *extra], check=True,
+                   env=dict(os.environ, **(env or {})), capture_output=True)
+    return np.load(out).astype(np.float64)
+def rel(a, b): return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
+cpu = run("/tmp/c.npy")
+for name, env in (("default", {}), ("SPARK_CUDA_PREFETCH=0", {"SPARK_CUDA_PREFETCH": "0"})):
+    dec = run("/tmp/d.npy", "--mode", "decode", "--gpu", env=env)
+    e = rel(dec, cpu)
+    print(f"check4b decode {name}: vs cpu max rel L2 {e.max():.3g} (mean {e.mean():.3g})"
+          f"{'  OK' if e.max() <= 1e-3 and np.isfinite(dec).all() else '  FAIL'}", flush=True)
+EOF2
+
+stamp "decode sweep (36 layers, ctx 4096, 512 prefilled, 256 decoded)"
+for _ in $(seq 300); do [ -f /tmp/m4b.done ] && break; sleep 1; done
+IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:}"
+for cfg in "${CONFIGS[@]}"; do
+    label=${cfg%%:*}
+    vars=${cfg#*:}
+    line=$(env $(echo "$vars" | tr ',' ' ') timeout 90 "$BIN/cuda_bench" /tmp/m4b --ctx 4096 --prefill 512 --decode 256 2>&1 |
+        tee -a "$OUT/bench.log" | grep -E "^decode|rror" | head -2 | tr '\n' ' ')
+    note "$label [$vars]: $line"
+done
+if [ "$MODE" = full ]; then
+    for cfg in "${CONFIGS[@]:0:2}"; do
+        label=${cfg%%:*}
+        vars=${cfg#*:}
+        line=$(env $(echo "$vars" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" /tmp/m4b --ctx 32768 --prefill 32512 --decode 128 2>&1 |
+            tee -a "$OUT/bench.log" | grep -E "^(decode|prefill)|rror" | tr '\n' ' ')
+        note "ctx 32k $label [$vars]: $line"
+    done
+fi
+
+stamp "tests"
+PYTHONPATH=tools:tests/py timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
+    tests/py/test_cuda_hooks.py tests/py/test_bench.py >"$OUT/tests.log" 2>&1
+tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
+grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+grep -E "floor|tok/s" "$OUT/tests.log" | head -5 >>"$SUMMARY"
+timeout 60 "$SPARK_BIN" bench /tmp/m4b2 --gpu -p 512 -n 64 2>&1 | tail -12 | tee -a "$SUMMARY"
+
+stamp "memcheck (spark-tiny decode)"
+timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$OUT/sanitizer.log" 2>&1
+note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+stamp done
