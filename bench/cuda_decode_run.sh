@@ -11,7 +11,7 @@
 # linked against X/libspark.a), and optionally wheels/ (the openai client for
 # the GPU server test). SWEEP: decode configurations, each run as
 # `cuda_bench --ctx 4096 --prefill 512 --decode 256` with its variables set;
-# `full` adds context 32k for the first two.
+# `full` adds context 32k for the first two. TESTS=0 skips the test files.
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/cuda-decode}
@@ -25,8 +25,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
   timeout 300 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1
   echo done >/tmp/m4b.done ) &
 if [ -d "$BIN/wheels" ]; then
-    timeout 60 pip install -q --no-index --find-links "$BIN/wheels" openai >"$OUT/pip.log" 2>&1 &&
-        note "openai client installed" || note "openai client: not installed ($(tail -1 "$OUT/pip.log"))"
+    for pkg in gguf openai; do
+        timeout 60 pip install -q --no-index --find-links "$BIN/wheels" $pkg >"$OUT/pip.log" 2>&1 &&
+            note "$pkg installed" || note "$pkg: not installed ($(tail -1 "$OUT/pip.log"))"
+    done
 fi
 export SPARK_BIN=$BIN/spark
 "$SPARK_BIN" --help >/dev/null 2>&1 || { note "carried spark does not run: $(ldd "$SPARK_BIN" | grep 'not found')"; exit 1; }
@@ -71,6 +73,7 @@ if [ "$MODE" = full ]; then
     done
 fi
 
+if [ "${TESTS:-1}" = 1 ]; then
 stamp "tests"
 PYTHONPATH=tools:tests/py timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
     tests/py/test_cuda_hooks.py tests/py/test_bench.py >"$OUT/tests.log" 2>&1
@@ -78,6 +81,7 @@ tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
 grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
 grep -E "floor|tok/s" "$OUT/tests.log" | head -5 >>"$SUMMARY"
 timeout 60 "$SPARK_BIN" bench /tmp/m4b2 --gpu -p 512 -n 64 2>&1 | tail -12 | tee -a "$SUMMARY"
+fi
 
 stamp "memcheck (spark-tiny decode)"
 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \

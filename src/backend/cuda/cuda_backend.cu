@@ -1487,6 +1487,8 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     const char *mg = getenv("SPARK_CUDA_MEGA");
     cb->mega_on = cb->fuse_on && cb->graphs && mg && !strcmp(mg, "1") && cu_mega_supported(device);
     if (cb->fast) {
+        const char *bm = getenv("SPARK_CUDA_FG_BMAX"), *sp = getenv("SPARK_CUDA_FG_SELFPF");
+        cu_fgemv_tune(bm ? atoi(bm) : 0, sp ? atoi(sp) : 0);
         cu_fgemv_prepare(c->n_embd);
         cu_fgemv_prepare(c->n_ff);
         cu_fgemv_prepare((int64_t)c->n_head * c->head_dim);

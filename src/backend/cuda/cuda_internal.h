@@ -121,11 +121,14 @@ typedef struct cu_fgemv_args {
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
     cu_prefetch pf;             /* issued by each block once its last rows' loads are out */
+    int self_pf;                /* set by cu_fgemv: groups of its own rows each block pulls into L2 early */
 } cu_fgemv_args;
 
 /* Whether cu_fgemv takes this shape (else use cu_gemv). */
 int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows);
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl);
+/* Launch shape limits (SPARK_CUDA_FG_BMAX: blocks per SM, <= 8; SPARK_CUDA_FG_SELFPF: groups). */
+void cu_fgemv_tune(int max_blocks_per_sm, int self_prefetch);
 /* Look up the kernels' occupancy for rows of `cols` now, outside any graph capture. */
 void cu_fgemv_prepare(int64_t cols);
 

@@ -613,6 +613,22 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
 
     int64_t g = blockIdx.x;
     load(g); /* weights only: before the wait */
+    /* and this block's next groups into L2: under a programmatic launch this
+     * runs while the previous kernel finishes, when the DRAM would idle */
+    if (lane == 0)
+        for (int k = 1; k <= a.self_pf; k++) {
+            const int64_t r = (g + (int64_t)k * gridDim.x) * RPG + rl;
+            if (r >= R || s1 <= s0) break;
+            const int64_t off = (int64_t)s0 * 16;
+            const uint32_t len = (uint32_t)(s1 - s0) * 16u;
+            if (PAIR) {
+                prefetch_l2((const char *)w0 + r * a.row_bytes + off, len);
+                prefetch_l2((const char *)w1 + r * a.row_bytes + off, len);
+            } else {
+                prefetch_l2((const char *)(r < a.rows0 ? w0 + r * a.row_bytes : w1 + (r - a.rows0) * a.row_bytes) + off,
+                            len);
+            }
+        }
     pdl_wait();
     pdl_release();
     if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
@@ -1001,6 +1017,14 @@ int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows)
            cols / 8 <= 8 * WARP * FG_NV[FG_NNV - 1] && rows > 0 && rows < ((int64_t)1 << 31);
 }
 
+int fg_bmax = 8, fg_self_pf = 0;
+
+void cu_fgemv_tune(int max_blocks_per_sm, int self_prefetch)
+{
+    fg_bmax = max_blocks_per_sm > 0 ? max_blocks_per_sm : 8;
+    fg_self_pf = self_prefetch > 0 ? self_prefetch : 0;
+}
+
 /* The split (KS, NV) and blocks per SM with the least time: per-SM bytes
  * (padding and the last round's idle slots included) over a bandwidth share
  * that drops when under ~48 KB per SM are in flight. */
@@ -1022,7 +1046,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         const int nv = FG_NV[nvi];
         fgemv_fn fn = fg_pick(ksi, nvi, pair);
         int bmax = fg_occupancy(fn, smem);
-        if (bmax > 8) bmax = 8;
+        if (bmax > fg_bmax) bmax = fg_bmax;
         const int64_t groups = (R + FG_WARPS / ks - 1) / (FG_WARPS / ks);
         for (int b = 1; b <= bmax; b++) {
             int64_t grid = (int64_t)sms * b;
@@ -1043,7 +1067,9 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         }
     }
     if (!best) return cudaErrorInvalidValue;
-    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
+    cu_fgemv_args args = *a;
+    args.self_pf = fg_self_pf;
+    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, args);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
