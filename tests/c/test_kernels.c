@@ -13,6 +13,8 @@
  * checked bit for bit; GELU's polynomial erf to 2e-7 absolute; exp to 1e-6
  * relative. Matrix products and attention must be bit-identical for 1, 2
  * and 3 threads (each output is computed by one thread in a fixed order).
+ * The int8-activation GEMVs (one token of Q4_K / Q6_K on x86) have their
+ * own bound, derived at test_gemv_x8_bound.
  */
 #include "check.h"
 
@@ -163,6 +165,123 @@ static void test_dequant_bit_exact(void)
             }
         }
     }
+}
+
+/* ---- int8-activation GEMV (kernels_x8.inc) -----------------------------------
+ * x is rounded per 32 values to d * q with d = max|x| / 127, |x - d q| <= d/2,
+ * and the integer sums are exact, so
+ *     |got - sum_i w_i x_i| <= sum_i |w_i| d(i) / 2          (quantization)
+ *                              + X8_ROUND * sum_i |w_i x_i|   (float32 rounding)
+ * w the exact dequantized weights, the sum in float64. X8_ROUND covers the
+ * float32 products of the factors (d * sc * dx: 2 roundings) and the
+ * accumulation of ~cols / 16 terms a lane, like DOT_TOL for the float path.
+ * The first term is a worst case (every rounding error aligned with w); the
+ * typical error is its random-walk size sqrt(sum_i w_i^2 d(i)^2 / 12), and
+ * the RMS of err / that size over all rows must be ~1 (0.5 .. 1.5): a
+ * wrong sub-block factor or activation scale, or a dropped min / offset
+ * term, shows there long before the worst-case bound. */
+#define X8_ROUND 4e-6
+
+typedef struct x8_stats {
+    double worst; /* max err / bound */
+    double z2;    /* sum of (err / typical)^2 */
+    long n;
+} x8_stats;
+
+static int x8_close(float got, const float *w, const float *x, int64_t n, x8_stats *st)
+{
+    double s = 0, a = 0, qb = 0, var = 0;
+    for (int64_t g = 0; g < n; g += 32) {
+        double amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmax(amax, fabs((double)x[g + i]));
+        double d = amax / 127.0;
+        for (int i = 0; i < 32; i++) {
+            double wi = w[g + i];
+            s += wi * x[g + i];
+            a += fabs(wi * x[g + i]);
+            qb += fabs(wi) * d / 2;
+            var += wi * wi * d * d / 12;
+        }
+    }
+    double err = fabs((double)got - s), bound = qb * (1 + 1e-6) + X8_ROUND * a;
+    if (bound > 0 && err / bound > st->worst) st->worst = err / bound;
+    if (var > 0) {
+        st->z2 += err * err / var;
+        st->n++;
+    }
+    return err <= bound;
+}
+
+static int x8_rms_ok(const x8_stats *st, double *rms)
+{
+    *rms = st->n ? sqrt(st->z2 / (double)st->n) : 0;
+    return st->n > 0 && *rms > 0.5 && *rms < 1.5;
+}
+
+/* Activations with what real ones have: outliers (a 32-group whose max is
+ * 30x the rest), an all-zero group (scale 0) and tiny values. */
+static float *x8_activations(int64_t n)
+{
+    float *x = random_floats(n);
+    for (int64_t i = 5; i < n; i += 97) x[i] *= 30.0f;
+    if (n >= 64)
+        for (int i = 32; i < 64; i++) x[i] = 0.0f;
+    if (n >= 128)
+        for (int i = 96; i < 128; i++) x[i] *= 1e-6f;
+    return x;
+}
+
+static void test_gemv_x8_bound(void)
+{
+    static const spark_dtype dts[] = {SPARK_DTYPE_Q4_K, SPARK_DTYPE_Q6_K};
+    static const int64_t cols[] = {256, 768, 2560};
+    static const int64_t row_counts[] = {1, 3, 37};
+    struct {
+        const char *name;
+        const cpu_x8_kernels *k;
+        int ok;
+    } tables[] = {{"avx2", &cpu_x8_avx2, cpu_isa_supported(CPU_ISA_AVX2)},
+                  {"avx2+vnni", &cpu_x8_avx2_vnni, cpu_isa_supported(CPU_ISA_AVX2) && __builtin_cpu_supports("avxvnni")},
+                  {"avx512", &cpu_x8_avx512, cpu_isa_supported(CPU_ISA_AVX512)},
+                  {"avx512+vnni", &cpu_x8_avx512_vnni,
+                   cpu_isa_supported(CPU_ISA_AVX512) && __builtin_cpu_supports("avx512vnni")}};
+    uint64_t saved = rng; /* the later tests keep the data they had before this one */
+    for (size_t ti = 0; ti < sizeof tables / sizeof tables[0]; ti++) {
+        if (!tables[ti].ok) {
+            printf("  %s: not on this CPU\n", tables[ti].name);
+            continue;
+        }
+        for (size_t di = 0; di < 2; di++) {
+            spark_dtype dt = dts[di];
+            x8_stats st = {0};
+            for (int ci = 0; ci < 3; ci++)
+                for (int ri = 0; ri < 3; ri++) {
+                    int64_t rows = row_counts[ri], c = cols[ci];
+                    size_t rb;
+                    uint8_t *m = random_matrix(dt, rows, c, &rb);
+                    float *wf = dequant_ref(dt, m, rows, c);
+                    float *x = x8_activations(c);
+                    q8x_block *xq = malloc((size_t)(c / 256) * sizeof *xq);
+                    float *y = malloc((size_t)rows * sizeof(float));
+                    tables[ti].k->quant_x(dt, x, c, xq);
+                    tables[ti].k->gemv[dt](m, rb, rows, c, xq, y);
+                    for (int64_t r = 0; r < rows; r++)
+                        CHECK_MSG(x8_close(y[r], wf + r * c, x, c, &st), "%s x8 gemv %s rows %lld cols %lld: row %lld",
+                                  tables[ti].name, dtype_name(dt), (long long)rows, (long long)c, (long long)r);
+                    free(m);
+                    free(wf);
+                    free(x);
+                    free(xq);
+                    free(y);
+                }
+            double rms;
+            CHECK_MSG(x8_rms_ok(&st, &rms), "%s x8 gemv %s: RMS error %.3g x its random-walk size", tables[ti].name,
+                      dtype_name(dt), rms);
+            printf("  %s %s: worst error %.2f of the bound, RMS %.2f x the typical size (%ld rows)\n",
+                   tables[ti].name, dtype_name(dt), st.worst, rms, st.n);
+        }
+    }
+    rng = saved;
 }
 
 /* gemv at every level, dtype, odd size, token count 1..4, with strides. */
@@ -387,11 +506,20 @@ static void test_matmul_paths_and_threads(void)
                     be->ops->matmul(be, y[th - 1], x, &w, n);
                     be->ops->destroy(be);
                 }
+                /* one token of a K-quant: the int8-activation kernels where the level has them */
+                backend *probe = backend_at(all_isas[li], 1);
+                int x8 = n == 1 && cpu_of(probe)->k.x8.gemv[dt] != NULL;
+                probe->ops->destroy(probe);
+                x8_stats st = {0};
                 for (int t = 0; t < n; t++)
                     for (int64_t r = 0; r < rows; r++)
-                        CHECK_MSG(dot_close(y[0][t * rows + r], wf + r * cols, x + t * cols, cols, &worst),
-                                  "%s matmul %s n %d (%d, %lld)", cpu_isa_name(all_isas[li]), dtype_name(dt), n, t,
-                                  (long long)r);
+                        CHECK_MSG(x8 ? x8_close(y[0][t * rows + r], wf + r * cols, x + t * cols, cols, &st)
+                                     : dot_close(y[0][t * rows + r], wf + r * cols, x + t * cols, cols, &worst),
+                                  "%s matmul %s n %d (%d, %lld)%s", cpu_isa_name(all_isas[li]), dtype_name(dt), n, t,
+                                  (long long)r, x8 ? " (int8 path)" : "");
+                double rms;
+                if (x8) CHECK_MSG(x8_rms_ok(&st, &rms), "%s matmul %s n 1: RMS error %.3g x its random-walk size",
+                                  cpu_isa_name(all_isas[li]), dtype_name(dt), rms);
                 CHECK_MSG(!memcmp(y[0], y[1], (size_t)(n * rows) * sizeof(float)) &&
                               !memcmp(y[0], y[2], (size_t)(n * rows) * sizeof(float)),
                           "%s matmul %s n %d: thread counts disagree", cpu_isa_name(all_isas[li]), dtype_name(dt),
@@ -664,6 +792,7 @@ int main(void)
     printf("  CPU level here: %s\n", cpu_isa_name(cpu_isa_detect()));
     RUN(test_dequant_bit_exact);
     RUN(test_gemv_all_dtypes);
+    RUN(test_gemv_x8_bound);
     RUN(test_gemm_tile);
     RUN(test_vector_helpers);
     RUN(test_gelu_against_erf);

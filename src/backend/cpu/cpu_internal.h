@@ -28,6 +28,8 @@ typedef struct cpu_backend {
     size_t packed_cap;   /* floats */
     float **panel;       /* per thread: dequantized weight rows */
     size_t panel_cap;    /* floats per thread */
+    q8x_block *xq;       /* the activation row in int8 (single-token K-quant GEMV) */
+    size_t xq_cap;       /* blocks */
     rope_table rope[2];
 } cpu_backend;
 

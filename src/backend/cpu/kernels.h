@@ -9,7 +9,10 @@
  * and is single-threaded: threads/matmul.c split the work.
  *
  * Numerics: all products are float32 multiply-adds of the dequantized weight
- * and float32 activations (no activation quantization), so a SIMD result
+ * and float32 activations (no activation quantization) — except the
+ * single-token Q4_K / Q6_K GEMVs of the x86 levels (`x8`, kernels_x8.inc),
+ * which round the activations to int8 per 32 values (error bound there;
+ * SPARK_INT8_DOT=0 turns them off). Otherwise a SIMD result
  * differs from the scalar one only by rounding: summation order, and in the
  * K-quant GEMVs a fused multiply-subtract forming scale*q - min (relative
  * error ~1e-7 per product, ~1e-6 for rows of thousands). dequant[] is
@@ -38,6 +41,32 @@ typedef void (*gemv_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t c
 /* rows x cols dequantized into out (row-major, cols floats per row). */
 typedef void (*dequant_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t cols, float *out);
 
+/* One 256-value block of an activation row quantized to int8 for the
+ * integer-domain K-quant GEMVs (kernels_x8.inc): per 32 values j, scale
+ * d32[j] = max|x| / 127 and q = round(x / d32[j]). q is stored in the order
+ * the level's kernels read (value order, except AVX-512 Q4_K); the float
+ * side tables let a kernel apply a block's factors in one vector op:
+ * ds32[j] = -d32[j] * (sum of q over the 32), d16[k] = d32[k / 2],
+ * b16[k] = -32 * (sum of q over the 16 values k) (Q6_K's offset, scaled
+ * by the kernel's d * sc[k] * d16[k]). */
+typedef struct q8x_block {
+    int8_t q[256];
+    float d32[8], ds32[8]; /* adjacent: Q4_K reads them as one 16-lane vector */
+    float d16[16], b16[16];
+} q8x_block;
+
+/* y[r] = sum_c W[r, c] * x[c] for r < rows from the quantized x (one token). */
+typedef void (*gemv_x8_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t cols, const q8x_block *x,
+                           float *y);
+
+/* The integer-domain single-token GEMVs of one level (entries NULL where a
+ * format or level has none: the float gemv is used). quant_x fills
+ * cols / 256 blocks for weights of format dt (cols a multiple of 256). */
+typedef struct cpu_x8_kernels {
+    void (*quant_x)(spark_dtype dt, const float *x, int64_t cols, q8x_block *out);
+    gemv_x8_fn gemv[SPARK_DTYPE_COUNT];
+} cpu_x8_kernels;
+
 typedef struct cpu_kernels {
     cpu_isa isa;
     int gemm_tokens; /* TW: tokens per packed group (a multiple of the vector width) */
@@ -45,6 +74,9 @@ typedef struct cpu_kernels {
 
     gemv_fn gemv[SPARK_DTYPE_COUNT];
     dequant_fn dequant[SPARK_DTYPE_COUNT];
+    /* single-token K-quant GEMV with int8 activations: filled by
+     * cpu_kernels_resolve from the level and the CPU's VNNI support */
+    cpu_x8_kernels x8;
 
     /* GEMM over a row panel: y[t*ys + r] (+)= sum_c w[r*ldw + c] * xp[c*TW + t] for
      * r < nr, t < nt (<= TW); xp is a packed token group (cpu_pack_tokens).
@@ -93,6 +125,9 @@ extern const cpu_kernels cpu_kernels_scalar;
 #if defined(__x86_64__)
 extern const cpu_kernels cpu_kernels_avx2;
 extern const cpu_kernels cpu_kernels_avx512;
+/* int8 GEMVs: vpmaddubsw + vpmaddwd, and vpdpbusd (AVX_VNNI / AVX512_VNNI) */
+extern const cpu_x8_kernels cpu_x8_avx2, cpu_x8_avx2_vnni;
+extern const cpu_x8_kernels cpu_x8_avx512, cpu_x8_avx512_vnni;
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
 extern const cpu_kernels cpu_kernels_neon;

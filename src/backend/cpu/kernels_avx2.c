@@ -75,6 +75,12 @@ static inline float hsum256(__m256 v)
 
 #include "backend/cpu/kernels_simd.inc"
 
+/* int8 GEMVs without VNNI: vpmaddubsw + vpmaddwd (exact, see kernels_avx512.c) */
+#define X8_VL 8
+#define X8_DPBUSD(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+#define X8_TABLE cpu_x8_avx2
+#include "backend/cpu/kernels_x8.inc"
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else

@@ -68,6 +68,13 @@ typedef __m512i vi;
 
 #include "backend/cpu/kernels_simd.inc"
 
+/* int8 GEMVs without VNNI (Skylake-X): u8 x s8 pairs by vpmaddubsw, then
+ * pairs of pairs by vpmaddwd (no saturation: |q x| <= 63 * 127 * 2 < 2^15) */
+#define X8_VL 16
+#define X8_DPBUSD(u, s) _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1))
+#define X8_TABLE cpu_x8_avx512
+#include "backend/cpu/kernels_x8.inc"
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else

@@ -282,5 +282,13 @@ int cpu_kernels_resolve(cpu_isa isa, cpu_kernels *out)
     }
     *out = *k;
     fill_missing(out);
+    memset(&out->x8, 0, sizeof out->x8); /* scalar and NEON: the float GEMVs */
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (isa == CPU_ISA_AVX512)
+        out->x8 = __builtin_cpu_supports("avx512vnni") ? cpu_x8_avx512_vnni : cpu_x8_avx512;
+    else if (isa == CPU_ISA_AVX2)
+        out->x8 = __builtin_cpu_supports("avxvnni") ? cpu_x8_avx2_vnni : cpu_x8_avx2;
+#endif
     return 1;
 }

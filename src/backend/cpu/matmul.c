@@ -5,7 +5,9 @@
  * Two shapes of work:
  *   few tokens (decode):  GEMV. Each thread streams its own contiguous slice
  *       of W's rows once; up to GEMV_MAX_TOKENS tokens share every weight
- *       load. Memory-bound: the aim is the bandwidth floor.
+ *       load. Memory-bound: the aim is the bandwidth floor. One token of a
+ *       Q4_K / Q6_K matrix takes the int8-activation kernels where the
+ *       level has them (cpu_kernels.x8).
  *   many tokens (prefill): GEMM. Tokens are packed into groups of TW
  *       (token-minor, so a vector holds TW/2 tokens of one column), each
  *       thread dequantizes a block of its rows (a column chunk at a time)
@@ -52,6 +54,7 @@ typedef struct matmul_job {
     int64_t block_rows; /* GEMM: rows per dequantized panel */
     int64_t col_chunk;  /* GEMM: columns per panel (a multiple of 256: whole blocks) */
     int64_t chunks;     /* pieces of work, claimed in order through `next` */
+    const q8x_block *xq; /* GEMV: x in int8 for the integer-domain kernel, or NULL */
     _Atomic int64_t next;
 } matmul_job;
 
@@ -71,6 +74,10 @@ static void gemv_task(void *arg, int ith, int nth)
         cpu_split(w->rows, ROW_ALIGN, (int)c, (int)j->chunks, &lo, &hi);
         if (lo >= hi) continue;
         const uint8_t *base = (const uint8_t *)w->data + (size_t)lo * j->row_bytes;
+        if (j->xq) {
+            j->cb->k.x8.gemv[w->dtype](base, j->row_bytes, hi - lo, w->cols, j->xq, j->out + lo);
+            continue;
+        }
         for (int t0 = 0; t0 < j->n; t0 += GEMV_MAX_TOKENS) {
             int nt = j->n - t0 < GEMV_MAX_TOKENS ? j->n - t0 : GEMV_MAX_TOKENS;
             gemv(base, j->row_bytes, hi - lo, w->cols, j->x + (int64_t)t0 * w->cols, w->cols, nt,
@@ -159,6 +166,16 @@ static int ensure_gemm_scratch(cpu_backend *cb, size_t packed_floats, size_t pan
     return 1;
 }
 
+/* Grow the int8 activation buffer to `blocks` blocks; 0 on allocation failure. */
+static int ensure_xq(cpu_backend *cb, size_t blocks)
+{
+    if (blocks <= cb->xq_cap) return 1;
+    free(cb->xq);
+    cb->xq = aligned_alloc(64, blocks * sizeof(q8x_block));
+    cb->xq_cap = cb->xq ? blocks : 0;
+    return cb->xq != NULL;
+}
+
 void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, int n)
 {
     cpu_backend *cb = cpu_of(be);
@@ -182,5 +199,11 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
         /* no memory for the GEMM scratch: the GEMV path needs none */
     }
     j.chunks = nth == 1 ? 1 : (int64_t)nth * CHUNKS_PER_THREAD;
+    /* One token of a K-quant: x is rounded to int8 once here (not per row)
+     * and every row is a sum of integer dot products (kernels_x8.inc). */
+    if (n == 1 && cb->k.x8.gemv[w->dtype] && w->cols % 256 == 0 && ensure_xq(cb, w->cols / 256)) {
+        cb->k.x8.quant_x(w->dtype, x, w->cols, cb->xq);
+        j.xq = cb->xq;
+    }
     pool_run(cb->pool, gemv_task, &j, nth);
 }
