@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
   echo done >/tmp/m4b.done ) &
 if [ -d "$BIN/wheels" ]; then
     for pkg in gguf openai; do
-        timeout 60 pip install -q --no-index --find-links "$BIN/wheels" $pkg >"$OUT/pip.log" 2>&1 &&
+        timeout 60 pip install -q --no-index --find-links "$BIN/wheels" $([ $pkg = gguf ] && echo --no-deps) $pkg >"$OUT/pip.log" 2>&1 &&
             note "$pkg installed" || note "$pkg: not installed ($(tail -1 "$OUT/pip.log"))"
     done
 fi
@@ -63,6 +63,10 @@ for cfg in "${CONFIGS[@]}"; do
         tee -a "$OUT/bench.log" | grep -E "^decode|rror" | head -2 | tr '\n' ' ')
     note "$label [$vars]: $line"
 done
+if [ -x "$BIN/cuda_gemv_bench" ]; then
+    stamp "GEMV chains and the attention path alone (bench/cuda_gemv_bench.cu)"
+    timeout 120 "$BIN/cuda_gemv_bench" --layers 36 --reps 20 2>&1 | tee -a "$SUMMARY"
+fi
 if [ "$MODE" = full ]; then
     for cfg in "${CONFIGS[@]:0:2}"; do
         label=${cfg%%:*}

@@ -9,6 +9,10 @@
  *
  * Each layer has its own weights (no L2 reuse across layers, as in a real
  * step); values are hashed bf16 numbers of size ~0.02 (never zeros).
+ * The attention path of a layer (rope_kv, split-KV attention with the head
+ * gate, the merge) runs on f32 caches as the 4B's at context 4096: sliding
+ * layers a 512-slot ring, every fourth layer full (4096 slots), position
+ * --pos (640): alone, and between the GEMVs as in a decode step.
  * Prints ms per step and TB/s of weight bytes for each chain.
  */
 #include "backend/cuda/cuda_internal.h"
@@ -64,9 +68,11 @@ static __nv_bfloat16 *alloc_w(size_t rows, size_t cols, unsigned seed)
 int main(int argc, char **argv)
 {
     int L = 36, reps = 20;
+    long pos = 640;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) L = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--pos") && i + 1 < argc) pos = atol(argv[++i]);
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -100,6 +106,25 @@ int main(int argc, char **argv)
     cu_fgemv_prepare(QD);
     const char *bm = getenv("SPARK_CUDA_FG_BMAX");
     cu_fgemv_tune(bm ? atoi(bm) : 0, 0);
+
+    /* KV caches and the attention's buffers */
+    const int KVD = 1024, NH = 16, NKV = 4, D = 256;
+    std::vector<float *> kc(L), vc(L);
+    for (int l = 0; l < L; l++) {
+        const size_t slots = l % 4 == 3 ? 4096 : 512;
+        CK(cudaMalloc((void **)&kc[l], slots * KVD * 4));
+        CK(cudaMalloc((void **)&vc[l], slots * KVD * 4));
+        fill_f32<<<256, 256>>>(kc[l], slots * KVD, 0.02f);
+        fill_f32<<<256, 256>>>(vc[l], slots * KVD, 0.03f);
+    }
+    float *ws;
+    int64_t *d_pos;
+    CK(cudaMalloc((void **)&ws, (size_t)NH * 2 * sms * (D + 2) * 4));
+    CK(cudaMalloc((void **)&d_pos, 8));
+    CK(cudaMemcpy(d_pos, &pos, 8, cudaMemcpyHostToDevice));
+    fill_f32<<<64, 256>>>(qkv, QKV + G, 0.01f);
+    CK(cudaDeviceSynchronize());
+    int min_keys = 64;
 
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -137,12 +162,28 @@ int main(int argc, char **argv)
         a.x = fa, a.w0 = ly[l].down, a.rows0 = H, a.out0 = proj, a.resid = x, a.row_bytes = FF * 2, a.cols = FF;
         CK(cu_fgemv(st, &a, sms, pdl));
     };
+    auto attn_path = [&](int l, int pdl) {
+        const bool full = l % 4 == 3;
+        const int64_t slots = full ? 4096 : 512;
+        CK(cu_rope_kv(st, qkv, NH, NKV, D, d_pos, full ? 64 : 256, full ? 5e6 : 1e4, kc[l], vc[l], slots, pdl,
+                      cu_prefetch{}));
+        cu_attn_args a;
+        memset(&a, 0, sizeof a);
+        a.out = att, a.qkv = qkv, a.kc = kc[l], a.vc = vc[l], a.ws = ws, a.pos = d_pos, a.slots = slots;
+        a.qkv_stride = QKV + G, a.n = 1, a.n_head = NH, a.n_head_kv = NKV, a.head_dim = D;
+        a.window = full ? 0 : 512;
+        int64_t splits = (2 * sms + NKV - 1) / NKV, most = (slots + 63) / 64; /* as the backend's key_splits */
+        a.splits = (int)(splits < most ? splits : most);
+        a.min_split_keys = min_keys;
+        a.scale = 1.0f / 16.0f, a.gate = gb, a.pdl = pdl;
+        CK(cu_attention(st, &a));
+    };
     const float one = 1.0f, zero = 0.0f;
     auto blas_mv = [&](const __nv_bfloat16 *w, int rows, int cols, const float *in, float *out) {
         /* cuBLAS on bf16 x needs x in bf16: use the f32-in / bf16-weight path of GemmEx with x as f32? not allowed
          * for mixed types, so convert once per step outside the timing: x is fed as bf16 scratch */
         static __nv_bfloat16 *xb = NULL;
-        if (!xb) CK(cudaMalloc((void **)&xb, FF * 2));
+        if (!xb) xb = (__nv_bfloat16 *)ws; /* any bf16 values will do; no allocation inside a capture */
         (void)in;
         cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, 1, cols, &one, w, CUDA_R_16BF, cols, xb, CUDA_R_16BF, cols,
                      &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -160,12 +201,17 @@ int main(int argc, char **argv)
         {"gate/up pair only", lb_ff, 4},
         {"down only", lb_down, 8},
         {"cuBLAS: qkv, g, o, gate, up, down", lb_qkv + lb_o + lb_ff + lb_down, 16},
+        {"attention path only", 0, 64},
+        {"attention path only, no split minimum", 0, 64 | 128},
+        {"step: 4 fgemv + attention path", lb_qkv + lb_o + lb_ff + lb_down, 15 | 64},
+        {"step, no split minimum", lb_qkv + lb_o + lb_ff + lb_down, 15 | 64 | 128},
     };
     for (const chain &c : chains) {
         cudaGraph_t g;
         cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         const int pdl = (c.kind & 32) ? 0 : 1;
+        min_keys = (c.kind & 128) ? 0 : 64;
         for (int l = 0; l < L; l++) {
             if (c.kind & 16) {
                 blas_mv(ly[l].qkv, QKV, H, xn, qkv);
@@ -177,6 +223,7 @@ int main(int argc, char **argv)
                 continue;
             }
             if (c.kind & 1) fg_qkv(l, pdl);
+            if (c.kind & 64) attn_path(l, pdl);
             if (c.kind & 2) fg_o(l, pdl);
             if (c.kind & 4) fg_ff(l, pdl);
             if (c.kind & 8) fg_down(l, pdl);
@@ -195,7 +242,7 @@ int main(int argc, char **argv)
         CK(cudaEventElapsedTime(&ms, e0, e1));
         ms /= reps;
         const double bytes = c.bytes * L;
-        printf("gemv chain %-36s %2d layers: %7.3f ms/step, %6.1f us/layer, %.2f TB/s\n", c.name, L, ms,
+        printf("chain %-40s %2d layers: %7.3f ms/step, %6.1f us/layer, %.2f TB/s\n", c.name, L, ms,
                1e3 * ms / L, bytes / (ms * 1e-3) / 1e12);
         cudaGraphExecDestroy(ex);
         cudaGraphDestroy(g);

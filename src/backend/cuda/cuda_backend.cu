@@ -579,8 +579,8 @@ cu_prefetch prefetch_range(const cu_fgemv_args *g, int64_t done, int64_t want)
  * takes the first's, for the next token). Why: each GEMV starts with an
  * empty memory pipeline and ends with a tail of idle SMs (~5 us of a 10-30
  * us kernel, bench/cuda_runs.md run 3), and rope + attention barely touch
- * DRAM; prefetches issued there keep it streaming. SPARK_CUDA_PREFETCH=0
- * turns it off. */
+ * DRAM; prefetches issued there were to keep it streaming. Measured: no
+ * gain (bench/cuda_runs.md run 7), so it is opt-in: SPARK_CUDA_PREFETCH=1. */
 void plan_prefetch(cuda_backend *cb)
 {
     if (cb->pf_gemv <= 0 && cb->pf_idle <= 0) return;
@@ -1052,6 +1052,7 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     a->head_dim = sh->head_dim;
     a->window = cache->window;
     a->splits = (int)splits;
+    a->min_split_keys = SPLIT_MIN_KEYS;
     a->scale = sh->scale;
     /* prefill chunks over an f32 cache: the tensor-core kernel (cuda_flash.cu) */
     if (cache->type == SPARK_KV_F32 && cu_flash_enabled() && cu_flash_ok(a)) {
@@ -1476,10 +1477,11 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     /* SPARK_CUDA_MEGA=1: decode steps as one persistent kernel (cuda_step.cu)
      * instead of graphs of fused kernels; off by default: correct, but not
      * yet faster (bench/cuda_runs.md, run 5) */
-    /* L2 prefetch plan of a decode step (plan_prefetch): SPARK_CUDA_PREFETCH=0
-     * turns it off; SPARK_CUDA_PF_GEMV / _IDLE / _CAP (MB) size it */
+    /* L2 prefetch plan of a decode step (plan_prefetch): opt-in with
+     * SPARK_CUDA_PREFETCH=1 (it measured slower or even: bench/cuda_runs.md
+     * run 7); SPARK_CUDA_PF_GEMV / _IDLE / _CAP (MB) size it */
     const char *pf = getenv("SPARK_CUDA_PREFETCH");
-    if (!(pf && !strcmp(pf, "0")) && prop.major >= 9) {
+    if (pf && !strcmp(pf, "1") && prop.major >= 9) {
         cb->pf_gemv = env_mb("SPARK_CUDA_PF_GEMV", 16);
         cb->pf_idle = env_mb("SPARK_CUDA_PF_IDLE", 24);
         cb->pf_cap = env_mb("SPARK_CUDA_PF_CAP", 32);

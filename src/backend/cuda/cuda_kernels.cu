@@ -405,6 +405,7 @@ __global__ void kv_store_kernel(float *kc, float *vc, int64_t slots, const float
 /* ---- attention -------------------------------------------------------------- */
 
 constexpr int ATT_WARPS = 4;
+constexpr int ATT_KT = 4; /* keys a warp scores together */
 
 /* One block per (query token, KV head, key split); the G query heads of the
  * KV head share every key/value row fetched. A warp owns every ATT_WARPS-th
@@ -427,10 +428,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
     if (lo < 0) lo = 0;
     /* the most keys any query of the chunk sees, cut into equal splits */
     const int64_t keys = a.window && a.window < pos0 + a.n ? a.window : pos0 + a.n;
-    const int64_t per_split = (keys + a.splits - 1) / a.splits;
+    int64_t per_split = (keys + a.splits - 1) / a.splits;
+    if (per_split < a.min_split_keys) per_split = a.min_split_keys; /* short contexts: fewer, fuller splits */
     const int64_t j_begin = lo + (int64_t)split * per_split;
     int64_t j_end = j_begin + per_split;
     if (j_end > p + 1) j_end = p + 1;
+    if (a.splits > 1 && j_begin >= j_end && keys > 0) { /* no keys: an empty partial is all the merge reads */
+        if (threadIdx.x < G) a.ws[(((int64_t)t * a.n_head + kh * G + threadIdx.x) * a.splits + split) * (D + 2)] = -INFINITY;
+        return;
+    }
 
     float q[GMAX][E], acc[GMAX][E], m[GMAX], l[GMAX];
     const float *qrow = a.qkv + (int64_t)t * a.qkv_stride;
@@ -447,35 +453,63 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
         }
     }
 
-    for (int64_t j = j_begin + warp; j < j_end; j += ATT_WARPS) {
-        const float *kr, *vr;
-        if (j >= pos0) { /* this chunk's own rows, still in qkv */
-            kr = a.qkv + (j - pos0) * a.qkv_stride + q_dim + (int64_t)kh * D;
-            vr = kr + kv_dim;
-        } else {           /* earlier positions: the cache (ring slot j % slots) */
-            int64_t off = (j % a.slots) * kv_dim + (int64_t)kh * D;
-            kr = a.kc + off;
-            vr = a.vc + off;
-        }
-        float k[E], v[E];
+    /* a warp takes ATT_KT keys at a time: their scores reduce side by side
+     * (independent shuffle chains) and the running softmax is rescaled once
+     * per tile, not once per key */
+    for (int64_t j0 = j_begin + (int64_t)warp * ATT_KT; j0 < j_end; j0 += (int64_t)ATT_WARPS * ATT_KT) {
+        float k[ATT_KT][E], v[ATT_KT][E];
 #pragma unroll
-        for (int e = 0; e < E; e++) {
-            int d = lane + 32 * e;
-            k[e] = d < D ? kr[d] : 0.0f;
-            v[e] = d < D ? vr[d] : 0.0f;
+        for (int u = 0; u < ATT_KT; u++) {
+            const int64_t j = j0 + u;
+            const float *kr = NULL, *vr = NULL;
+            if (j < j_end) {
+                if (j >= pos0) { /* this chunk's own rows, still in qkv */
+                    kr = a.qkv + (j - pos0) * a.qkv_stride + q_dim + (int64_t)kh * D;
+                    vr = kr + kv_dim;
+                } else {           /* earlier positions: the cache (ring slot j % slots) */
+                    const int64_t off = (j % a.slots) * kv_dim + (int64_t)kh * D;
+                    kr = a.kc + off;
+                    vr = a.vc + off;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const int d = lane + 32 * e;
+                k[u][e] = kr && d < D ? kr[d] : 0.0f;
+                v[u][e] = vr && d < D ? vr[d] : 0.0f;
+            }
         }
 #pragma unroll
         for (int g = 0; g < GMAX; g++) {
             if (g >= G) break;
-            float s = 0.0f;
+            float sc[ATT_KT];
 #pragma unroll
-            for (int e = 0; e < E; e++) s = fmaf(q[g][e], k[e], s);
-            s = warp_sum(s);
-            float mn = fmaxf(m[g], s);
-            float c = expf(m[g] - mn), pe = expf(s - mn);
-            l[g] = l[g] * c + pe;
+            for (int u = 0; u < ATT_KT; u++) {
+                float t = 0.0f;
 #pragma unroll
-            for (int e = 0; e < E; e++) acc[g][e] = fmaf(acc[g][e], c, pe * v[e]);
+                for (int e = 0; e < E; e++) t = fmaf(q[g][e], k[u][e], t);
+                sc[u] = t;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int u = 0; u < ATT_KT; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+            float mn = m[g];
+#pragma unroll
+            for (int u = 0; u < ATT_KT; u++)
+                if (j0 + u < j_end) mn = fmaxf(mn, sc[u]);
+            const float c = expf(m[g] - mn);
+            l[g] *= c;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[g][e] *= c;
+#pragma unroll
+            for (int u = 0; u < ATT_KT; u++) {
+                if (j0 + u >= j_end) break;
+                const float pe = expf(sc[u] - mn);
+                l[g] += pe;
+#pragma unroll
+                for (int e = 0; e < E; e++) acc[g][e] = fmaf(pe, v[u][e], acc[g][e]);
+            }
             m[g] = mn;
         }
     }
@@ -521,22 +555,50 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
     }
 }
 
-/* One block per (token, head): merge the splits' partial softmax states. */
+/* One block per (token, head): merge the splits' partial softmax states.
+ * The splits' maxima and weights are found once, in parallel, into shared
+ * memory; each dim then sums the non-empty splits in ascending order (the
+ * same float operations, in the same order, as a serial merge). */
+constexpr int MERGE_MAX_SPLITS = 1024;
 __global__ void attention_merge_kernel(float *out, const float *ws, int splits, int head_dim, const float *gate)
 {
     pdl_wait();
     pdl_release();
-    const float *base = ws + (int64_t)blockIdx.x * splits * (head_dim + 2);
+    __shared__ float f[MERGE_MAX_SPLITS], red[32];
+    const int64_t row = head_dim + 2;
+    const float *base = ws + (int64_t)blockIdx.x * splits * row;
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) m = fmaxf(m, base[(int64_t)s * row]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = m;
+    __syncthreads();
     float M = -INFINITY;
-    for (int s = 0; s < splits; s++) M = fmaxf(M, base[(int64_t)s * (head_dim + 2)]);
+    for (int w = 0; w < (int)(blockDim.x + WARP - 1) / WARP; w++) M = fmaxf(M, red[w]);
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+        const float ms = base[(int64_t)s * row];
+        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M); /* 0: skipped below */
+    }
+    __syncthreads();
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float L = 0.0f, A = 0.0f;
-        for (int s = 0; s < splits; s++) {
-            const float *p = base + (int64_t)s * (head_dim + 2);
-            if (p[0] == -INFINITY) continue;
-            float f = expf(p[0] - M);
-            L += p[1] * f;
-            A += p[2 + d] * f;
+        for (int s0 = 0; s0 < splits; s0 += 4) {
+            float l4[4], a4[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) { /* four independent loads in flight */
+                const int s = s0 + u;
+                const bool on = s < splits && f[s] != 0.0f;
+                l4[u] = on ? base[(int64_t)s * row + 1] : 0.0f;
+                a4[u] = on ? base[(int64_t)s * row + 2 + d] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int s = s0 + u;
+                if (s < splits && f[s] != 0.0f) {
+                    L += l4[u] * f[s];
+                    A += a4[u] * f[s];
+                }
+            }
         }
         float o = A / L;
         if (gate) o *= 1.0f / (1.0f + expf(-gate[blockIdx.x])); /* block = token * n_head + head */
