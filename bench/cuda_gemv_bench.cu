@@ -104,8 +104,9 @@ int main(int argc, char **argv)
     cu_fgemv_prepare(H);
     cu_fgemv_prepare(FF);
     cu_fgemv_prepare(QD);
-    const char *bm = getenv("SPARK_CUDA_FG_BMAX");
-    cu_fgemv_tune(bm ? atoi(bm) : 0, 0);
+    const char *bm = getenv("SPARK_CUDA_FG_BMAX"), *fl = getenv("SPARK_CUDA_FG_FLY");
+    cu_fgemv_tune(bm ? atoi(bm) : 0, 0, fl ? atoi(fl) : 0);
+    const char *only = getenv("CHAINS"); /* e.g. "fgemv": the GEMV chains only */
 
     /* KV caches and the attention's buffers */
     const int KVD = 1024, NH = 16, NKV = 4, D = 256;
@@ -162,11 +163,19 @@ int main(int argc, char **argv)
         a.x = fa, a.w0 = ly[l].down, a.rows0 = H, a.out0 = proj, a.resid = x, a.row_bytes = FF * 2, a.cols = FF;
         CK(cu_fgemv(st, &a, sms, pdl));
     };
+    float *tab;
+    int *cnt;
+    CK(cudaMalloc((void **)&tab, 512 * 4));
+    CK(cudaMalloc((void **)&cnt, NKV * 4));
+    CK(cudaMemset(cnt, 0, NKV * 4));
+    int what = 3, use_cnt = 1; /* 1 rope_kv, 2 attention, 4 rope_kv from a table */
     auto attn_path = [&](int l, int pdl) {
         const bool full = l % 4 == 3;
         const int64_t slots = full ? 4096 : 512;
-        CK(cu_rope_kv(st, qkv, NH, NKV, D, d_pos, full ? 64 : 256, full ? 5e6 : 1e4, kc[l], vc[l], slots, pdl,
-                      cu_prefetch{}));
+        if (what & 1)
+            CK(cu_rope_kv(st, qkv, NH, NKV, D, d_pos, full ? 64 : 256, full ? 5e6 : 1e4, kc[l], vc[l], slots, pdl,
+                          cu_prefetch{}, (what & 4) ? tab + (full ? 0 : 256) : NULL));
+        if (!(what & 2)) return;
         cu_attn_args a;
         memset(&a, 0, sizeof a);
         a.out = att, a.qkv = qkv, a.kc = kc[l], a.vc = vc[l], a.ws = ws, a.pos = d_pos, a.slots = slots;
@@ -175,6 +184,7 @@ int main(int argc, char **argv)
         int64_t splits = (2 * sms + NKV - 1) / NKV, most = (slots + 63) / 64; /* as the backend's key_splits */
         a.splits = (int)(splits < most ? splits : most);
         a.min_split_keys = min_keys;
+        a.counters = use_cnt ? cnt : NULL;
         a.scale = 1.0f / 16.0f, a.gate = gb, a.pdl = pdl;
         CK(cu_attention(st, &a));
     };
@@ -203,15 +213,29 @@ int main(int argc, char **argv)
         {"cuBLAS: qkv, g, o, gate, up, down", lb_qkv + lb_o + lb_ff + lb_down, 16},
         {"attention path only", 0, 64},
         {"attention path only, no split minimum", 0, 64 | 128},
+        {"attention path, merge kernel", 0, 64 | 256},
+        {"attention path, rope from table", 0, 64 | 512},
+        {"rope_kv only", 0, 64 | 1024},
+        {"rope_kv only, from table", 0, 64 | 1024 | 512},
+        {"attention only (last-split merge)", 0, 64 | 2048},
+        {"attention only, merge kernel", 0, 64 | 2048 | 256},
         {"step: 4 fgemv + attention path", lb_qkv + lb_o + lb_ff + lb_down, 15 | 64},
         {"step, no split minimum", lb_qkv + lb_o + lb_ff + lb_down, 15 | 64 | 128},
     };
     for (const chain &c : chains) {
+        if (only && !strcmp(only, "fgemv") && (c.kind & (16 | 32 | 64))) continue;
         cudaGraph_t g;
         cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         const int pdl = (c.kind & 32) ? 0 : 1;
         min_keys = (c.kind & 128) ? 0 : 64;
+        use_cnt = !(c.kind & 256);
+        what = (c.kind & 1024) ? 1 : (c.kind & 2048) ? 2 : 3;
+        if (c.kind & 512) what |= 4;
+        if (c.kind & 512) { /* the tables, once (the position does not change here) */
+            CK(cu_rope_table(st, tab, d_pos, 64, 5e6, 0));
+            CK(cu_rope_table(st, tab + 256, d_pos, 256, 1e4, 0));
+        }
         for (int l = 0; l < L; l++) {
             if (c.kind & 16) {
                 blas_mv(ly[l].qkv, QKV, H, xn, qkv);

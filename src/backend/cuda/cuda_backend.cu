@@ -86,6 +86,8 @@ struct cuda_backend {
      * captured with programmatic dependent launches (pdl) */
     int fast, fuse_on, pdl_on;
     int64_t pf_gemv, pf_idle, pf_cap; /* L2 prefetch plan (plan_prefetch): bytes, 0 = off */
+    float *ropetab;  /* ROPE_TABLES x 2 x CUDA_MAX_HEAD_DIM / 2: cos / sin per rope class (rope_tables) */
+    int *att_cnt;    /* n_head_kv split counters of single-token attention (zero between steps) */
     int pdl_now;     /* launches now get the PDL attribute (during a capture) */
     cmd *fq;         /* the fused form of q */
     size_t nfq, fqcap;
@@ -299,6 +301,8 @@ void cuda_destroy(backend *be)
     cudaFree(cb->ids);
     cudaFree(cb->ws);
     cudaFree(cb->kvstage);
+    cudaFree(cb->ropetab);
+    cudaFree(cb->att_cnt);
     cudaFree(cb->bf);
     cudaFree(cb->panel);
     if (cb->blas) cublasDestroy(cb->blas);
@@ -312,7 +316,8 @@ enum cmd_op { OP_KVATTN = 100, OP_KVSTORE, /* attention / kv store over a coded 
               OP_EMBED = 0, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_ATTN, OP_KV, OP_GATE, OP_GELU, OP_ADD,
               OP_FGEMV, /* fused: [rmsnorm] + 1-2 matmuls [+ gelu-mul | + residual add] (fg) */
               OP_ROPEKV, /* fused: rope q, rope k, kv store (before the attention that follows) */
-              OP_HOOK /* an instrument (cuda_hooks.cu): steering, capture copy, FFN statistics, timestamp */ };
+              OP_HOOK, /* an instrument (cuda_hooks.cu): steering, capture copy, FFN statistics, timestamp */
+              OP_ROPETAB /* fused: a rope class's cos / sin at the step's position, for the rope_kv commands */ };
 
 /* Zero-filled before use, so two commands compare equal bytewise exactly
  * when they launch the same work (padding included). No field depends on
@@ -418,7 +423,10 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_FGEMV: CK(cu_fgemv(st, &c->fg, cb->sms, cb->pdl_now)); return;
     case OP_ROPEKV:
         CK(cu_rope_kv(st, c->out, c->heads, (int)c->rows, c->head_dim, cb->d_pos, c->rot_dims, c->theta, c->k, c->v,
-                      c->slots, cb->pdl_now, c->pf));
+                      c->slots, cb->pdl_now, c->pf, c->y));
+        return;
+    case OP_ROPETAB:
+        CK(cu_rope_table(st, c->out, cb->d_pos, c->rot_dims, c->theta, cb->pdl_now));
         return;
     case OP_KV:
         CK(cu_kv_store(st, c->k, c->v, c->slots, c->x, cb->d_pos, c->n, c->heads, (int)c->rows, c->head_dim,
@@ -536,6 +544,44 @@ void fold_hooks(cuda_backend *cb)
         w++;
     }
     cb->nfq = w;
+}
+
+/* The rope angles of a step depend on the position and the layer's class
+ * only, so each class's cos / sin (double, as the kernels computed them)
+ * come from one kernel at the step's start; the rope_kv commands read them.
+ * Classes past ROPE_TABLES keep computing their own. */
+constexpr int ROPE_TABLES = 4;
+void rope_tables(cuda_backend *cb)
+{
+    if (!cb->ropetab) return;
+    double theta[ROPE_TABLES];
+    int rot[ROPE_TABLES], nt = 0;
+    for (size_t i = 0; i < cb->nfq; i++) {
+        cmd *c = &cb->fq[i];
+        if (c->op != OP_ROPEKV || c->rot_dims < 2) continue;
+        int k = 0;
+        while (k < nt && !(theta[k] == c->theta && rot[k] == c->rot_dims)) k++;
+        if (k == nt) {
+            if (nt == ROPE_TABLES) continue;
+            theta[nt] = c->theta;
+            rot[nt++] = c->rot_dims;
+        }
+        c->y = cb->ropetab + (size_t)k * CUDA_MAX_HEAD_DIM;
+    }
+    if (!nt) return;
+    for (int k = 0; k < nt; k++) { /* room at the front */
+        cmd t = new_cmd(OP_ROPETAB, 1);
+        t.out = cb->ropetab + (size_t)k * CUDA_MAX_HEAD_DIM;
+        t.rot_dims = rot[k];
+        t.theta = theta[k];
+        fq_push(cb, &t);
+    }
+    cmd *tabs = (cmd *)malloc((size_t)nt * sizeof *tabs);
+    if (!tabs) cuda_fatal("malloc", "out of host memory for the rope tables", __LINE__);
+    memcpy(tabs, cb->fq + cb->nfq - nt, (size_t)nt * sizeof *tabs);
+    memmove(cb->fq + nt, cb->fq, (cb->nfq - nt) * sizeof *cb->fq);
+    memcpy(cb->fq, tabs, (size_t)nt * sizeof *tabs);
+    free(tabs);
 }
 
 /* The weights a fused GEMV reads, in the order its blocks read them: one
@@ -737,6 +783,7 @@ void fuse(cuda_backend *cb)
         i++;
     }
     fold_hooks(cb);
+    rope_tables(cb);
     plan_prefetch(cb);
     cb->fused = (long)n - (long)cb->nfq;
 }
@@ -788,6 +835,7 @@ cu_mega *mega_build(cuda_backend *cb)
     bool ok = true;
     for (size_t i = 0; i < cb->nfq && ok; i++) {
         const cmd *c = &cb->fq[i];
+        if (c->op == OP_ROPETAB) continue; /* the persistent kernel computes its angles itself */
         cu_mk_phase *p = &ph[np++];
         if (c->op == OP_EMBED && c->n == 1) {
             p->kind = CU_MK_EMBED;
@@ -1053,6 +1101,7 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     a->window = cache->window;
     a->splits = (int)splits;
     a->min_split_keys = SPLIT_MIN_KEYS;
+    if (n == 1 && splits > 1) a->counters = cb->att_cnt; /* NULL when off: the merge kernel */
     a->scale = sh->scale;
     /* prefill chunks over an f32 cache: the tensor-core kernel (cuda_flash.cu) */
     if (cache->type == SPARK_KV_F32 && cu_flash_enabled() && cu_flash_ok(a)) {
@@ -1489,13 +1538,23 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     const char *mg = getenv("SPARK_CUDA_MEGA");
     cb->mega_on = cb->fuse_on && cb->graphs && mg && !strcmp(mg, "1") && cu_mega_supported(device);
     if (cb->fast) {
-        const char *bm = getenv("SPARK_CUDA_FG_BMAX"), *sp = getenv("SPARK_CUDA_FG_SELFPF");
-        cu_fgemv_tune(bm ? atoi(bm) : 0, sp ? atoi(sp) : 0);
+        const char *bm = getenv("SPARK_CUDA_FG_BMAX"), *sp = getenv("SPARK_CUDA_FG_SELFPF"),
+                   *fl = getenv("SPARK_CUDA_FG_FLY");
+        cu_fgemv_tune(bm ? atoi(bm) : 0, sp ? atoi(sp) : 0, fl ? atoi(fl) : 0);
         cu_fgemv_prepare(c->n_embd);
         cu_fgemv_prepare(c->n_ff);
         cu_fgemv_prepare((int64_t)c->n_head * c->head_dim);
     }
     CK(cudaMalloc((void **)&cb->d_pos, sizeof(int64_t)));
+    /* SPARK_CUDA_ROPETAB=0 / SPARK_CUDA_LASTMERGE=0: rope angles per kernel,
+     * single-token attention merged by its own kernel (as before) */
+    const char *rt = getenv("SPARK_CUDA_ROPETAB"), *lm = getenv("SPARK_CUDA_LASTMERGE");
+    if (cb->fuse_on && !(rt && !strcmp(rt, "0")))
+        CK(cudaMalloc((void **)&cb->ropetab, ROPE_TABLES * CUDA_MAX_HEAD_DIM * sizeof(float)));
+    if (!(lm && !strcmp(lm, "0"))) {
+        CK(cudaMalloc((void **)&cb->att_cnt, (size_t)c->n_head_kv * sizeof(int)));
+        CK(cudaMemset(cb->att_cnt, 0, (size_t)c->n_head_kv * sizeof(int)));
+    }
     CK(cu_kv_init()); /* the TurboQuant tables on this device */
     /* a coded cache's single-token stage: allocated here, never grown inside a step */
     scratch((void **)&cb->kvstage, &cb->kvstage_bytes,

@@ -74,6 +74,7 @@ typedef struct cu_attn_args {
     int64_t slots, qkv_stride;
     int n, n_head, n_head_kv, head_dim, window, splits;
     int min_split_keys; /* a split covers at least this many keys (the rest stay empty: short contexts) */
+    int *counters;      /* non-NULL (n_head_kv x n ints, zero): the last split of a KV head merges, no merge kernel */
     float scale;
     const float *gate; /* non-NULL: out[t, h, :] *= sigmoid(gate[t * n_head + h]) (the head gate, fused) */
     int pdl;           /* launch as a programmatic dependent of the previous kernel (sm_90) */
@@ -128,8 +129,9 @@ typedef struct cu_fgemv_args {
 /* Whether cu_fgemv takes this shape (else use cu_gemv). */
 int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows);
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl);
-/* Launch shape limits (SPARK_CUDA_FG_BMAX: blocks per SM, <= 8; SPARK_CUDA_FG_SELFPF: groups). */
-void cu_fgemv_tune(int max_blocks_per_sm, int self_prefetch);
+/* Launch shape choice (SPARK_CUDA_FG_BMAX: blocks per SM, <= 8; SPARK_CUDA_FG_SELFPF: groups;
+ * SPARK_CUDA_FG_FLY: KB in flight per SM below which the model assumes less bandwidth). */
+void cu_fgemv_tune(int max_blocks_per_sm, int self_prefetch, int fly_kb);
 /* Look up the kernels' occupancy for rows of `cols` now, outside any graph capture. */
 void cu_fgemv_prepare(int64_t cols);
 
@@ -138,7 +140,10 @@ void cu_fgemv_prepare(int64_t cols);
  * ops and the kv store of a decode step in one launch. */
 cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, int head_dim, const int64_t *pos,
                        int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl,
-                       cu_prefetch pf);
+                       cu_prefetch pf, const float *tab);
+/* tab[0, half) = cos, tab[half, 2 half) = sin of rope's angles at *pos
+ * (half = rot_dims / 2), for rope_kv's `tab` (NULL: it computes them). */
+cudaError_t cu_rope_table(cudaStream_t st, float *tab, const int64_t *pos, int rot_dims, double theta, int pdl);
 
 /* Whether a graph captured from programmatic dependent launches runs here
  * (checked once, at backend creation; synchronizes `st`). */

@@ -15,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <type_traits>
 
@@ -407,6 +409,58 @@ __global__ void kv_store_kernel(float *kc, float *vc, int64_t slots, const float
 constexpr int ATT_WARPS = 4;
 constexpr int ATT_KT = 4; /* keys a warp scores together */
 
+/* Merge the splits' partial softmax states of one (token, head) into its
+ * output row, by a whole block. The splits' maxima and weights are found
+ * once, in parallel, into shared memory (f: MERGE_MAX_SPLITS floats); each
+ * dim then sums the non-empty splits in ascending order (the float
+ * operations and order of a serial merge). Partials are read through L2
+ * (__ldcg): other blocks of the same grid may have just written them. */
+constexpr int MERGE_MAX_SPLITS = 1024;
+__device__ void merge_splits(float *out, const float *base, int splits, int head_dim, const float *gate, float *f,
+                             float *red)
+{
+    const int64_t row = head_dim + 2;
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) m = fmaxf(m, __ldcg(base + (int64_t)s * row));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = m;
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x + WARP - 1) / WARP; w++) M = fmaxf(M, red[w]);
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+        const float ms = __ldcg(base + (int64_t)s * row);
+        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M); /* 0: skipped below */
+    }
+    __syncthreads();
+    const float gf = gate ? 1.0f / (1.0f + expf(-*gate)) : 1.0f;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float L = 0.0f, A = 0.0f;
+        for (int s0 = 0; s0 < splits; s0 += 4) {
+            float l4[4], a4[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) { /* four independent loads in flight */
+                const int s = s0 + u;
+                const bool on = s < splits && f[s] != 0.0f;
+                l4[u] = on ? __ldcg(base + (int64_t)s * row + 1) : 0.0f;
+                a4[u] = on ? __ldcg(base + (int64_t)s * row + 2 + d) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int s = s0 + u;
+                if (s < splits && f[s] != 0.0f) {
+                    L += l4[u] * f[s];
+                    A += a4[u] * f[s];
+                }
+            }
+        }
+        float o = A / L;
+        if (gate) o *= gf;
+        out[d] = o;
+    }
+    __syncthreads(); /* f and red are reused by the caller's next head */
+}
+
 /* One block per (query token, KV head, key split); the G query heads of the
  * KV head share every key/value row fetched. A warp owns every ATT_WARPS-th
  * key of the split and keeps an online softmax per head; lanes hold E
@@ -433,7 +487,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
     const int64_t j_begin = lo + (int64_t)split * per_split;
     int64_t j_end = j_begin + per_split;
     if (j_end > p + 1) j_end = p + 1;
-    if (a.splits > 1 && j_begin >= j_end && keys > 0) { /* no keys: an empty partial is all the merge reads */
+    if (a.splits > 1 && !a.counters && j_begin >= j_end && keys > 0) { /* no keys: an empty partial is all the merge reads */
         if (threadIdx.x < G) a.ws[(((int64_t)t * a.n_head + kh * G + threadIdx.x) * a.splits + split) * (D + 2)] = -INFINITY;
         return;
     }
@@ -553,57 +607,36 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
             ws[2 + d] = A;
         }
     }
+    if (a.splits == 1 || !a.counters) return;
+    /* the last split of this (token, KV head) to finish merges its G heads:
+     * no merge kernel, no second grid-wide wait */
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int *cnt = a.counters + (int64_t)t * a.n_head_kv + kh;
+        last = atomicAdd(cnt, 1) == a.splits - 1;
+        if (last) atomicExch(cnt, 0); /* ready for the next step */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    __shared__ float f[MERGE_MAX_SPLITS], red[32];
+    for (int g = 0; g < G; g++) {
+        const int64_t th = (int64_t)t * a.n_head + kh * G + g;
+        merge_splits(a.out + th * D, a.ws + th * a.splits * (D + 2), a.splits, D, a.gate ? a.gate + th : NULL, f, red);
+    }
 }
 
-/* One block per (token, head): merge the splits' partial softmax states.
- * The splits' maxima and weights are found once, in parallel, into shared
- * memory; each dim then sums the non-empty splits in ascending order (the
- * same float operations, in the same order, as a serial merge). */
-constexpr int MERGE_MAX_SPLITS = 1024;
+/* One block per (token, head). */
 __global__ void attention_merge_kernel(float *out, const float *ws, int splits, int head_dim, const float *gate)
 {
     pdl_wait();
     pdl_release();
     __shared__ float f[MERGE_MAX_SPLITS], red[32];
-    const int64_t row = head_dim + 2;
-    const float *base = ws + (int64_t)blockIdx.x * splits * row;
-    float m = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) m = fmaxf(m, base[(int64_t)s * row]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = m;
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < (int)(blockDim.x + WARP - 1) / WARP; w++) M = fmaxf(M, red[w]);
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-        const float ms = base[(int64_t)s * row];
-        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M); /* 0: skipped below */
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float L = 0.0f, A = 0.0f;
-        for (int s0 = 0; s0 < splits; s0 += 4) {
-            float l4[4], a4[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) { /* four independent loads in flight */
-                const int s = s0 + u;
-                const bool on = s < splits && f[s] != 0.0f;
-                l4[u] = on ? base[(int64_t)s * row + 1] : 0.0f;
-                a4[u] = on ? base[(int64_t)s * row + 2 + d] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int s = s0 + u;
-                if (s < splits && f[s] != 0.0f) {
-                    L += l4[u] * f[s];
-                    A += a4[u] * f[s];
-                }
-            }
-        }
-        float o = A / L;
-        if (gate) o *= 1.0f / (1.0f + expf(-gate[blockIdx.x])); /* block = token * n_head + head */
-        out[(int64_t)blockIdx.x * head_dim + d] = o;
-    }
+    /* block = token * n_head + head */
+    merge_splits(out + (int64_t)blockIdx.x * head_dim, ws + (int64_t)blockIdx.x * splits * (head_dim + 2), splits,
+                 head_dim, gate ? gate + blockIdx.x : NULL, f, red);
 }
 
 __global__ void set_i64_kernel(int64_t *dst, int64_t v) { *dst = v; }
@@ -798,8 +831,22 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
 /* One block per head (q heads, then k heads, then v heads), one thread per
  * dim: rotate q and k pairs (angles in double, as rope_kernel), store k and
  * v into the cache slot of the position. */
+/* tab[t], tab[half + t] = cos, sin of the angle of pair t at *pos (double,
+ * as rope_kernel): once a step per rope class, for rope_kv to read. */
+__global__ void rope_table_kernel(float *tab, const int64_t *pos, int half, double theta)
+{
+    pdl_wait();
+    pdl_release();
+    for (int t = threadIdx.x; t < half; t += blockDim.x) {
+        double inv_freq = pow(theta, -2.0 * t / (2.0 * half));
+        double angle = (double)*pos * inv_freq;
+        tab[t] = (float)cos(angle);
+        tab[half + t] = (float)sin(angle);
+    }
+}
+
 __global__ void rope_kv_kernel(float *qkv, int n_q, int n_kv, int D, const int64_t *pos, int half, double theta,
-                               float *kc, float *vc, int64_t slots, cu_prefetch pf)
+                               float *kc, float *vc, int64_t slots, cu_prefetch pf, const float *tab)
 {
     prefetch_grid(pf);
     pdl_wait();
@@ -813,9 +860,16 @@ __global__ void rope_kv_kernel(float *qkv, int n_q, int n_kv, int D, const int64
         const bool isk = h >= n_q;
         float *kr = isk ? kc + slot * kv_dim + (int64_t)(h - n_q) * D : NULL;
         if (t < half) {
-            double inv_freq = pow(theta, -2.0 * t / (2.0 * half));
-            double angle = (double)pos0 * inv_freq;
-            float c = (float)cos(angle), s = (float)sin(angle);
+            float c, s;
+            if (tab) {
+                c = tab[t];
+                s = tab[half + t];
+            } else {
+                double inv_freq = pow(theta, -2.0 * t / (2.0 * half));
+                double angle = (double)pos0 * inv_freq;
+                c = (float)cos(angle);
+                s = (float)sin(angle);
+            }
             float x0 = v[t], x1 = v[t + half];
             float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
             v[t] = y0;
@@ -1064,7 +1118,7 @@ cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a)
     else if (D <= 128) launch_attention_g<4>(st, a);
     else launch_attention_g<8>(st, a);
     cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess || a->splits == 1) return err;
+    if (err != cudaSuccess || a->splits == 1 || a->counters) return err; /* counters: merged by the last split */
     err = launch_ex(a->pdl != 0, dim3((unsigned)(a->n * a->n_head)), dim3(128), 0, st, attention_merge_kernel, a->out,
                     (const float *)a->ws, a->splits, D, a->gate);
     if (err != cudaSuccess) return err;
@@ -1080,11 +1134,13 @@ int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows)
 }
 
 int fg_bmax = 8, fg_self_pf = 0;
+double fg_fly = 48e3;
 
-void cu_fgemv_tune(int max_blocks_per_sm, int self_prefetch)
+void cu_fgemv_tune(int max_blocks_per_sm, int self_prefetch, int fly_kb)
 {
     fg_bmax = max_blocks_per_sm > 0 ? max_blocks_per_sm : 8;
     fg_self_pf = self_prefetch > 0 ? self_prefetch : 0;
+    fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 48e3;
 }
 
 /* The split (KS, NV) and blocks per SM with the least time: per-SM bytes
@@ -1099,6 +1155,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
     fgemv_fn best = NULL;
     unsigned best_grid = 0;
     double best_t = 0, best_fly = 0;
+    int best_ks = 0, best_nv = 0;
     for (int ksi = 0; ksi < FG_NKS; ksi++) {
         const int ks = FG_KS[ksi];
         const int need = ((nvec + ks - 1) / ks + WARP - 1) / WARP;
@@ -1117,9 +1174,11 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
             const int64_t per_sm_blocks = (grid + sms - 1) / sms;
             const double group_bytes = (double)FG_THREADS * nv * 16 * (pair ? 2 : 1);
             const double fly = (double)per_sm_blocks * group_bytes;
-            const double share = fly >= 48e3 ? 1.0 : fly / 48e3;
+            const double share = fly >= fg_fly ? 1.0 : fly / fg_fly;
             const double t = (double)rounds * per_sm_blocks * group_bytes / share;
             if (!best || t < best_t * 0.99 || (t <= best_t * 1.01 && fly > best_fly)) {
+                best_ks = ks;
+                best_nv = nv;
                 best = fn;
                 best_grid = (unsigned)grid;
                 best_t = t;
@@ -1129,6 +1188,10 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         }
     }
     if (!best) return cudaErrorInvalidValue;
+    static const int show = getenv("SPARK_CUDA_FG_SHOW") != NULL;
+    if (show)
+        fprintf(stderr, "fgemv %lld x %d%s: KS %d NV %d, %u blocks (%.0f KB in flight per SM)\n", (long long)R, a->cols,
+                pair ? " pair" : "", best_ks, best_nv, best_grid, best_fly / 1e3);
     cu_fgemv_args args = *a;
     args.self_pf = fg_self_pf;
     cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, args);
@@ -1146,11 +1209,18 @@ void cu_fgemv_prepare(int64_t cols)
 
 cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, int head_dim, const int64_t *pos,
                        int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl,
-                       cu_prefetch pf)
+                       cu_prefetch pf, const float *tab)
 {
     cudaError_t e = launch_ex(pdl != 0, dim3((unsigned)(n_head + 2 * n_head_kv)), dim3((unsigned)head_dim), 0, st,
                               rope_kv_kernel, qkv, n_head, n_head_kv, head_dim, pos, rot_dims / 2, theta, kc, vc,
-                              slots, pf);
+                              slots, pf, tab);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+}
+
+cudaError_t cu_rope_table(cudaStream_t st, float *tab, const int64_t *pos, int rot_dims, double theta, int pdl)
+{
+    cudaError_t e = launch_ex(pdl != 0, dim3(1), dim3(128), 0, st, rope_table_kernel, tab, pos, rot_dims / 2, theta);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
