@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
   echo done >/tmp/m4b.done ) &
 if [ -d "$BIN/wheels" ]; then
     for pkg in gguf openai; do
-        timeout 60 pip install -q --no-index --find-links "$BIN/wheels" $([ $pkg = gguf ] && echo --no-deps) $pkg >"$OUT/pip.log" 2>&1 &&
+        timeout 60 python3 -m pip install -q --no-index --find-links "$BIN/wheels" $([ $pkg = gguf ] && echo --no-deps) $pkg >"$OUT/pip.log" 2>&1 &&
             note "$pkg installed" || note "$pkg: not installed ($(tail -1 "$OUT/pip.log"))"
     done
 fi

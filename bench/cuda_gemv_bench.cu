@@ -164,11 +164,10 @@ int main(int argc, char **argv)
         CK(cu_fgemv(st, &a, sms, pdl));
     };
     float *tab;
-    int *cnt;
     CK(cudaMalloc((void **)&tab, 512 * 4));
-    CK(cudaMalloc((void **)&cnt, NKV * 4));
-    CK(cudaMemset(cnt, 0, NKV * 4));
-    int what = 3, use_cnt = 1; /* 1 rope_kv, 2 attention, 4 rope_kv from a table */
+    int what = 3; /* 1 rope_kv, 2 attention, 4 rope_kv from a table */
+    const char *skv = getenv("SPARK_CUDA_SPLIT_KEYS");
+    const int split_keys = skv && atoi(skv) > 0 ? atoi(skv) : 64;
     auto attn_path = [&](int l, int pdl) {
         const bool full = l % 4 == 3;
         const int64_t slots = full ? 4096 : 512;
@@ -181,10 +180,9 @@ int main(int argc, char **argv)
         a.out = att, a.qkv = qkv, a.kc = kc[l], a.vc = vc[l], a.ws = ws, a.pos = d_pos, a.slots = slots;
         a.qkv_stride = QKV + G, a.n = 1, a.n_head = NH, a.n_head_kv = NKV, a.head_dim = D;
         a.window = full ? 0 : 512;
-        int64_t splits = (2 * sms + NKV - 1) / NKV, most = (slots + 63) / 64; /* as the backend's key_splits */
+        int64_t splits = (2 * sms + NKV - 1) / NKV, most = (slots + split_keys - 1) / split_keys; /* key_splits */
         a.splits = (int)(splits < most ? splits : most);
         a.min_split_keys = min_keys;
-        a.counters = use_cnt ? cnt : NULL;
         a.scale = 1.0f / 16.0f, a.gate = gb, a.pdl = pdl;
         CK(cu_attention(st, &a));
     };
@@ -213,12 +211,10 @@ int main(int argc, char **argv)
         {"cuBLAS: qkv, g, o, gate, up, down", lb_qkv + lb_o + lb_ff + lb_down, 16},
         {"attention path only", 0, 64},
         {"attention path only, no split minimum", 0, 64 | 128},
-        {"attention path, merge kernel", 0, 64 | 256},
         {"attention path, rope from table", 0, 64 | 512},
         {"rope_kv only", 0, 64 | 1024},
         {"rope_kv only, from table", 0, 64 | 1024 | 512},
-        {"attention only (last-split merge)", 0, 64 | 2048},
-        {"attention only, merge kernel", 0, 64 | 2048 | 256},
+        {"attention only", 0, 64 | 2048},
         {"step: 4 fgemv + attention path", lb_qkv + lb_o + lb_ff + lb_down, 15 | 64},
         {"step, no split minimum", lb_qkv + lb_o + lb_ff + lb_down, 15 | 64 | 128},
     };
@@ -228,8 +224,7 @@ int main(int argc, char **argv)
         cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         const int pdl = (c.kind & 32) ? 0 : 1;
-        min_keys = (c.kind & 128) ? 0 : 64;
-        use_cnt = !(c.kind & 256);
+        min_keys = (c.kind & 128) ? 0 : split_keys;
         what = (c.kind & 1024) ? 1 : (c.kind & 2048) ? 2 : 3;
         if (c.kind & 512) what |= 4;
         if (c.kind & 512) { /* the tables, once (the position does not change here) */

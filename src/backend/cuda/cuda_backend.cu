@@ -87,7 +87,7 @@ struct cuda_backend {
     int fast, fuse_on, pdl_on;
     int64_t pf_gemv, pf_idle, pf_cap; /* L2 prefetch plan (plan_prefetch): bytes, 0 = off */
     float *ropetab;  /* ROPE_TABLES x 2 x CUDA_MAX_HEAD_DIM / 2: cos / sin per rope class (rope_tables) */
-    int *att_cnt;    /* n_head_kv split counters of single-token attention (zero between steps) */
+    int split_keys;  /* attention: a key split covers at least this many keys (SPARK_CUDA_SPLIT_KEYS) */
     int pdl_now;     /* launches now get the PDL attribute (during a capture) */
     cmd *fq;         /* the fused form of q */
     size_t nfq, fqcap;
@@ -302,7 +302,6 @@ void cuda_destroy(backend *be)
     cudaFree(cb->ws);
     cudaFree(cb->kvstage);
     cudaFree(cb->ropetab);
-    cudaFree(cb->att_cnt);
     cudaFree(cb->bf);
     cudaFree(cb->panel);
     if (cb->blas) cublasDestroy(cb->blas);
@@ -1084,7 +1083,7 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
         kv_coded_attention(cb, out, qkv, cache, n, sh);
         return;
     }
-    int64_t splits = key_splits(cache, (int64_t)n * sh->n_head_kv, 2 * (int64_t)cb->sms, SPLIT_MIN_KEYS);
+    int64_t splits = key_splits(cache, (int64_t)n * sh->n_head_kv, 2 * (int64_t)cb->sms, cb->split_keys);
     cmd c = new_cmd(OP_ATTN, n);
     cu_attn_args *a = &c.attn;
     a->out = out;
@@ -1100,8 +1099,7 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     a->head_dim = sh->head_dim;
     a->window = cache->window;
     a->splits = (int)splits;
-    a->min_split_keys = SPLIT_MIN_KEYS;
-    if (n == 1 && splits > 1) a->counters = cb->att_cnt; /* NULL when off: the merge kernel */
+    a->min_split_keys = cb->split_keys;
     a->scale = sh->scale;
     /* prefill chunks over an f32 cache: the tensor-core kernel (cuda_flash.cu) */
     if (cache->type == SPARK_KV_F32 && cu_flash_enabled() && cu_flash_ok(a)) {
@@ -1546,15 +1544,11 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
         cu_fgemv_prepare((int64_t)c->n_head * c->head_dim);
     }
     CK(cudaMalloc((void **)&cb->d_pos, sizeof(int64_t)));
-    /* SPARK_CUDA_ROPETAB=0 / SPARK_CUDA_LASTMERGE=0: rope angles per kernel,
-     * single-token attention merged by its own kernel (as before) */
-    const char *rt = getenv("SPARK_CUDA_ROPETAB"), *lm = getenv("SPARK_CUDA_LASTMERGE");
+    /* SPARK_CUDA_ROPETAB=0: rope angles computed by every rope_kv launch */
+    const char *rt = getenv("SPARK_CUDA_ROPETAB"), *sk = getenv("SPARK_CUDA_SPLIT_KEYS");
     if (cb->fuse_on && !(rt && !strcmp(rt, "0")))
         CK(cudaMalloc((void **)&cb->ropetab, ROPE_TABLES * CUDA_MAX_HEAD_DIM * sizeof(float)));
-    if (!(lm && !strcmp(lm, "0"))) {
-        CK(cudaMalloc((void **)&cb->att_cnt, (size_t)c->n_head_kv * sizeof(int)));
-        CK(cudaMemset(cb->att_cnt, 0, (size_t)c->n_head_kv * sizeof(int)));
-    }
+    cb->split_keys = sk && atoi(sk) > 0 ? atoi(sk) : SPLIT_MIN_KEYS;
     CK(cu_kv_init()); /* the TurboQuant tables on this device */
     /* a coded cache's single-token stage: allocated here, never grown inside a step */
     scratch((void **)&cb->kvstage, &cb->kvstage_bytes,

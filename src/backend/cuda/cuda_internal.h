@@ -74,7 +74,6 @@ typedef struct cu_attn_args {
     int64_t slots, qkv_stride;
     int n, n_head, n_head_kv, head_dim, window, splits;
     int min_split_keys; /* a split covers at least this many keys (the rest stay empty: short contexts) */
-    int *counters;      /* non-NULL (n_head_kv x n ints, zero): the last split of a KV head merges, no merge kernel */
     float scale;
     const float *gate; /* non-NULL: out[t, h, :] *= sigmoid(gate[t * n_head + h]) (the head gate, fused) */
     int pdl;           /* launch as a programmatic dependent of the previous kernel (sm_90) */

@@ -24,6 +24,13 @@ namespace {
 
 constexpr int WARP = 32;
 
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll
@@ -409,58 +416,6 @@ __global__ void kv_store_kernel(float *kc, float *vc, int64_t slots, const float
 constexpr int ATT_WARPS = 4;
 constexpr int ATT_KT = 4; /* keys a warp scores together */
 
-/* Merge the splits' partial softmax states of one (token, head) into its
- * output row, by a whole block. The splits' maxima and weights are found
- * once, in parallel, into shared memory (f: MERGE_MAX_SPLITS floats); each
- * dim then sums the non-empty splits in ascending order (the float
- * operations and order of a serial merge). Partials are read through L2
- * (__ldcg): other blocks of the same grid may have just written them. */
-constexpr int MERGE_MAX_SPLITS = 1024;
-__device__ void merge_splits(float *out, const float *base, int splits, int head_dim, const float *gate, float *f,
-                             float *red)
-{
-    const int64_t row = head_dim + 2;
-    float m = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) m = fmaxf(m, __ldcg(base + (int64_t)s * row));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = m;
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < (int)(blockDim.x + WARP - 1) / WARP; w++) M = fmaxf(M, red[w]);
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-        const float ms = __ldcg(base + (int64_t)s * row);
-        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M); /* 0: skipped below */
-    }
-    __syncthreads();
-    const float gf = gate ? 1.0f / (1.0f + expf(-*gate)) : 1.0f;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float L = 0.0f, A = 0.0f;
-        for (int s0 = 0; s0 < splits; s0 += 4) {
-            float l4[4], a4[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) { /* four independent loads in flight */
-                const int s = s0 + u;
-                const bool on = s < splits && f[s] != 0.0f;
-                l4[u] = on ? __ldcg(base + (int64_t)s * row + 1) : 0.0f;
-                a4[u] = on ? __ldcg(base + (int64_t)s * row + 2 + d) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int s = s0 + u;
-                if (s < splits && f[s] != 0.0f) {
-                    L += l4[u] * f[s];
-                    A += a4[u] * f[s];
-                }
-            }
-        }
-        float o = A / L;
-        if (gate) o *= gf;
-        out[d] = o;
-    }
-    __syncthreads(); /* f and red are reused by the caller's next head */
-}
-
 /* One block per (query token, KV head, key split); the G query heads of the
  * KV head share every key/value row fetched. A warp owns every ATT_WARPS-th
  * key of the split and keeps an online softmax per head; lanes hold E
@@ -487,7 +442,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
     const int64_t j_begin = lo + (int64_t)split * per_split;
     int64_t j_end = j_begin + per_split;
     if (j_end > p + 1) j_end = p + 1;
-    if (a.splits > 1 && !a.counters && j_begin >= j_end && keys > 0) { /* no keys: an empty partial is all the merge reads */
+    if (a.splits > 1 && j_begin >= j_end && keys > 0) { /* no keys: an empty partial is all the merge reads */
         if (threadIdx.x < G) a.ws[(((int64_t)t * a.n_head + kh * G + threadIdx.x) * a.splits + split) * (D + 2)] = -INFINITY;
         return;
     }
@@ -607,36 +562,57 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
             ws[2 + d] = A;
         }
     }
-    if (a.splits == 1 || !a.counters) return;
-    /* the last split of this (token, KV head) to finish merges its G heads:
-     * no merge kernel, no second grid-wide wait */
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int *cnt = a.counters + (int64_t)t * a.n_head_kv + kh;
-        last = atomicAdd(cnt, 1) == a.splits - 1;
-        if (last) atomicExch(cnt, 0); /* ready for the next step */
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    __shared__ float f[MERGE_MAX_SPLITS], red[32];
-    for (int g = 0; g < G; g++) {
-        const int64_t th = (int64_t)t * a.n_head + kh * G + g;
-        merge_splits(a.out + th * D, a.ws + th * a.splits * (D + 2), a.splits, D, a.gate ? a.gate + th : NULL, f, red);
-    }
 }
 
-/* One block per (token, head). */
-__global__ void attention_merge_kernel(float *out, const float *ws, int splits, int head_dim, const float *gate)
+/* One block per (token, head): merge the splits' partial softmax states.
+ * The splits' weights are found once, in parallel, into shared memory;
+ * then warp w sums splits w, w + MW, ... (lanes over dims: every load of a
+ * split row is coalesced and a warp's loads are all issued before use), and
+ * the warps' sums are added in warp order. */
+constexpr int MERGE_MAX_SPLITS = 1024, MERGE_WARPS = 4;
+__global__ void __launch_bounds__(MERGE_WARPS * 32) attention_merge_kernel(float *out, const float *ws, int splits,
+                                                                         int head_dim, const float *gate)
 {
     pdl_wait();
     pdl_release();
-    __shared__ float f[MERGE_MAX_SPLITS], red[32];
-    /* block = token * n_head + head */
-    merge_splits(out + (int64_t)blockIdx.x * head_dim, ws + (int64_t)blockIdx.x * splits * (head_dim + 2), splits,
-                 head_dim, gate ? gate + blockIdx.x : NULL, f, red);
+    __shared__ float f[MERGE_MAX_SPLITS], red[MERGE_WARPS];
+    __shared__ float part[MERGE_WARPS][CUDA_MAX_HEAD_DIM + 1];
+    const int64_t row = head_dim + 2;
+    const float *base = ws + (int64_t)blockIdx.x * splits * row; /* block = token * n_head + head */
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) m = fmaxf(m, base[(int64_t)s * row]);
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    float M = red[0];
+    for (int w = 1; w < MERGE_WARPS; w++) M = fmaxf(M, red[w]);
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+        const float ms = base[(int64_t)s * row];
+        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M); /* 0: an empty split, skipped */
+    }
+    __syncthreads();
+    for (int d0 = 0; d0 < head_dim + 1; d0 += WARP) { /* slot head_dim: the denominator */
+        const int d = d0 + lane;
+        float acc = 0.0f;
+        for (int s = warp; s < splits; s += MERGE_WARPS) {
+            const float fs = f[s];
+            if (fs == 0.0f) continue;
+            const float *p = base + (int64_t)s * row;
+            if (d < head_dim) acc = fmaf(p[2 + d], fs, acc);
+            else if (d == head_dim) acc = fmaf(p[1], fs, acc);
+        }
+        if (d <= head_dim) part[warp][d] = acc;
+    }
+    __syncthreads();
+    float L = 0.0f;
+    for (int w = 0; w < MERGE_WARPS; w++) L += part[w][head_dim];
+    const float gf = gate ? 1.0f / (1.0f + expf(-gate[blockIdx.x])) : 1.0f;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float A = 0.0f;
+        for (int w = 0; w < MERGE_WARPS; w++) A += part[w][d];
+        out[(int64_t)blockIdx.x * head_dim + d] = gate ? A / L * gf : A / L;
+    }
 }
 
 __global__ void set_i64_kernel(int64_t *dst, int64_t v) { *dst = v; }
@@ -1118,8 +1094,8 @@ cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a)
     else if (D <= 128) launch_attention_g<4>(st, a);
     else launch_attention_g<8>(st, a);
     cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess || a->splits == 1 || a->counters) return err; /* counters: merged by the last split */
-    err = launch_ex(a->pdl != 0, dim3((unsigned)(a->n * a->n_head)), dim3(128), 0, st, attention_merge_kernel, a->out,
+    if (err != cudaSuccess || a->splits == 1) return err;
+    err = launch_ex(a->pdl != 0, dim3((unsigned)(a->n * a->n_head)), dim3(MERGE_WARPS * WARP), 0, st, attention_merge_kernel, a->out,
                     (const float *)a->ws, a->splits, D, a->gate);
     if (err != cudaSuccess) return err;
     return cudaGetLastError();
@@ -1134,13 +1110,13 @@ int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows)
 }
 
 int fg_bmax = 8, fg_self_pf = 0;
-double fg_fly = 48e3;
+double fg_fly = 96e3; /* bench/cuda_runs.md run 7: 48 KB left the out-projection at 41 KB per SM */
 
 void cu_fgemv_tune(int max_blocks_per_sm, int self_prefetch, int fly_kb)
 {
     fg_bmax = max_blocks_per_sm > 0 ? max_blocks_per_sm : 8;
     fg_self_pf = self_prefetch > 0 ? self_prefetch : 0;
-    fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 48e3;
+    fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 96e3;
 }
 
 /* The split (KS, NV) and blocks per SM with the least time: per-SM bytes
