@@ -167,7 +167,7 @@ int main(int argc, char **argv)
     CK(cudaMalloc((void **)&tab, 512 * 4));
     int what = 3; /* 1 rope_kv, 2 attention, 4 rope_kv from a table */
     const char *skv = getenv("SPARK_CUDA_SPLIT_KEYS");
-    const int split_keys = skv && atoi(skv) > 0 ? atoi(skv) : 64;
+    const int split_keys = skv && atoi(skv) > 0 ? atoi(skv) : 32;
     auto attn_path = [&](int l, int pdl) {
         const bool full = l % 4 == 3;
         const int64_t slots = full ? 4096 : 512;

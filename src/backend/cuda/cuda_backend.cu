@@ -43,7 +43,7 @@ extern "C" {
 namespace {
 
 constexpr size_t PANEL_BYTES = (size_t)128 << 20; /* decoded weight rows per cuBLAS call */
-constexpr int SPLIT_MIN_KEYS = 64;                /* a key split below this is not worth a block */
+constexpr int SPLIT_MIN_KEYS = 32;                /* a key split below this is not worth a block (bench/cuda_runs.md run 7) */
 
 struct dev_entry {
     const void *host;

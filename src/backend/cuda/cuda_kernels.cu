@@ -24,12 +24,6 @@ namespace {
 
 constexpr int WARP = 32;
 
-__device__ __forceinline__ float warp_max(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 __device__ __forceinline__ float warp_sum(float v)
 {
@@ -413,7 +407,9 @@ __global__ void kv_store_kernel(float *kc, float *vc, int64_t slots, const float
 
 /* ---- attention -------------------------------------------------------------- */
 
-constexpr int ATT_WARPS = 4;
+/* Warps per attention block: 8 where the warps' merge buffer fits in 40 KB
+ * of shared memory, else 4 (SPARK_CUDA_ATT_WARPS=4 forces 4). */
+constexpr int att_warps(int E, int GMAX) { return 8 * GMAX * E * 32 * 4 <= 40960 ? 8 : 4; }
 constexpr int ATT_KT = 4; /* keys a warp scores together */
 
 /* One block per (query token, KV head, key split); the G query heads of the
@@ -422,7 +418,7 @@ constexpr int ATT_KT = 4; /* keys a warp scores together */
  * interleaved dims (d = lane + 32 e) so a key row is read coalesced. Splits
  * over the key range keep the whole GPU busy at batch 1 on long contexts
  * (flash-decoding); their partial (max, sum, out) are merged afterwards. */
-template <int E, int GMAX>
+template <int E, int GMAX, int ATT_WARPS>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args a)
 {
     prefetch_grid(a.pf);
@@ -565,53 +561,53 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
 }
 
 /* One block per (token, head): merge the splits' partial softmax states.
- * The splits' weights are found once, in parallel, into shared memory;
- * then warp w sums splits w, w + MW, ... (lanes over dims: every load of a
- * split row is coalesced and a warp's loads are all issued before use), and
- * the warps' sums are added in warp order. */
-constexpr int MERGE_MAX_SPLITS = 1024, MERGE_WARPS = 4;
-__global__ void __launch_bounds__(MERGE_WARPS * 32) attention_merge_kernel(float *out, const float *ws, int splits,
-                                                                         int head_dim, const float *gate)
+ * The splits' maxima and weights are found once, in parallel, into shared
+ * memory; each dim then sums the non-empty splits in ascending order (the
+ * same float operations, in the same order, as a serial merge). */
+constexpr int MERGE_MAX_SPLITS = 1024;
+__global__ void attention_merge_kernel(float *out, const float *ws, int splits, int head_dim, const float *gate)
 {
     pdl_wait();
     pdl_release();
-    __shared__ float f[MERGE_MAX_SPLITS], red[MERGE_WARPS];
-    __shared__ float part[MERGE_WARPS][CUDA_MAX_HEAD_DIM + 1];
+    __shared__ float f[MERGE_MAX_SPLITS], red[32];
     const int64_t row = head_dim + 2;
-    const float *base = ws + (int64_t)blockIdx.x * splits * row; /* block = token * n_head + head */
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const float *base = ws + (int64_t)blockIdx.x * splits * row;
     float m = -INFINITY;
     for (int s = threadIdx.x; s < splits; s += blockDim.x) m = fmaxf(m, base[(int64_t)s * row]);
-    m = warp_max(m);
-    if (lane == 0) red[warp] = m;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = m;
     __syncthreads();
-    float M = red[0];
-    for (int w = 1; w < MERGE_WARPS; w++) M = fmaxf(M, red[w]);
+    float M = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x + WARP - 1) / WARP; w++) M = fmaxf(M, red[w]);
     for (int s = threadIdx.x; s < splits; s += blockDim.x) {
         const float ms = base[(int64_t)s * row];
-        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M); /* 0: an empty split, skipped */
+        f[s] = ms == -INFINITY ? 0.0f : expf(ms - M); /* 0: skipped below */
     }
     __syncthreads();
-    for (int d0 = 0; d0 < head_dim + 1; d0 += WARP) { /* slot head_dim: the denominator */
-        const int d = d0 + lane;
-        float acc = 0.0f;
-        for (int s = warp; s < splits; s += MERGE_WARPS) {
-            const float fs = f[s];
-            if (fs == 0.0f) continue;
-            const float *p = base + (int64_t)s * row;
-            if (d < head_dim) acc = fmaf(p[2 + d], fs, acc);
-            else if (d == head_dim) acc = fmaf(p[1], fs, acc);
-        }
-        if (d <= head_dim) part[warp][d] = acc;
-    }
-    __syncthreads();
-    float L = 0.0f;
-    for (int w = 0; w < MERGE_WARPS; w++) L += part[w][head_dim];
-    const float gf = gate ? 1.0f / (1.0f + expf(-gate[blockIdx.x])) : 1.0f;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float A = 0.0f;
-        for (int w = 0; w < MERGE_WARPS; w++) A += part[w][d];
-        out[(int64_t)blockIdx.x * head_dim + d] = gate ? A / L * gf : A / L;
+        float L = 0.0f, A = 0.0f;
+        for (int s0 = 0; s0 < splits; s0 += 4) {
+            float l4[4], a4[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) { /* four independent loads in flight */
+                const int s = s0 + u;
+                const bool on = s < splits && f[s] != 0.0f;
+                l4[u] = on ? base[(int64_t)s * row + 1] : 0.0f;
+                a4[u] = on ? base[(int64_t)s * row + 2 + d] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int s = s0 + u;
+                if (s < splits && f[s] != 0.0f) {
+                    L += l4[u] * f[s];
+                    A += a4[u] * f[s];
+                }
+            }
+        }
+        float o = A / L;
+        if (gate) o *= 1.0f / (1.0f + expf(-gate[blockIdx.x])); /* block = token * n_head + head */
+        out[(int64_t)blockIdx.x * head_dim + d] = o;
     }
 }
 
@@ -962,12 +958,22 @@ void launch_vec_n(cudaStream_t st, float *out, const float *x, const uint8_t *w,
     }
 }
 
+int att_warps_env = -1;
+
 template <int E, int GMAX>
 void launch_attention(cudaStream_t st, const cu_attn_args *a)
 {
     dim3 grid((unsigned)(a->n * a->n_head_kv), (unsigned)a->splits);
+    if (att_warps_env < 0) {
+        const char *w = getenv("SPARK_CUDA_ATT_WARPS");
+        att_warps_env = w && atoi(w) == 4 ? 4 : 8;
+    }
+    constexpr int W = att_warps(E, GMAX);
     /* an error here is also the runtime's last error, which the caller reads */
-    (void)launch_ex(a->pdl != 0, grid, dim3(ATT_WARPS * 32), 0, st, attention_kernel<E, GMAX>, *a);
+    if (W == 8 && att_warps_env == 8)
+        (void)launch_ex(a->pdl != 0, grid, dim3(W * 32), 0, st, attention_kernel<E, GMAX, W>, *a);
+    else
+        (void)launch_ex(a->pdl != 0, grid, dim3(4 * 32), 0, st, attention_kernel<E, GMAX, 4>, *a);
 }
 
 template <int E>
@@ -1095,7 +1101,7 @@ cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a)
     else launch_attention_g<8>(st, a);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || a->splits == 1) return err;
-    err = launch_ex(a->pdl != 0, dim3((unsigned)(a->n * a->n_head)), dim3(MERGE_WARPS * WARP), 0, st, attention_merge_kernel, a->out,
+    err = launch_ex(a->pdl != 0, dim3((unsigned)(a->n * a->n_head)), dim3(128), 0, st, attention_merge_kernel, a->out,
                     (const float *)a->ws, a->splits, D, a->gate);
     if (err != cudaSuccess) return err;
     return cudaGetLastError();
