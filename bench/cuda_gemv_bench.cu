@@ -183,6 +183,7 @@ int main(int argc, char **argv)
         int64_t splits = (2 * sms + NKV - 1) / NKV, most = (slots + split_keys - 1) / split_keys; /* key_splits */
         a.splits = (int)(splits < most ? splits : most);
         a.min_split_keys = min_keys;
+        a.pdl_early = getenv("SPARK_CUDA_PDL_EARLY") && atoi(getenv("SPARK_CUDA_PDL_EARLY")) == 1;
         a.scale = 1.0f / 16.0f, a.gate = gb, a.pdl = pdl;
         CK(cu_attention(st, &a));
     };

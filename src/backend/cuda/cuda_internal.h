@@ -77,6 +77,8 @@ typedef struct cu_attn_args {
     float scale;
     const float *gate; /* non-NULL: out[t, h, :] *= sigmoid(gate[t * n_head + h]) (the head gate, fused) */
     int pdl;           /* launch as a programmatic dependent of the previous kernel (sm_90) */
+    int pdl_early;     /* let the following kernels launch before this one's dependency wait, so the
+                        * out-projection GEMV after it loads its first weights during the attention */
     int flash;         /* run by cu_flash_attention (prefill chunks, f32 cache; set by the backend) */
     cu_prefetch pf;    /* decode: issued before the dependency wait */
 } cu_attn_args;

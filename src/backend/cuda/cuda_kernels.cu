@@ -422,6 +422,7 @@ template <int E, int GMAX, int ATT_WARPS>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args a)
 {
     prefetch_grid(a.pf);
+    if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
     pdl_wait();
     pdl_release();
     const int D = a.head_dim, G = a.n_head / a.n_head_kv;
@@ -565,8 +566,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
  * memory; each dim then sums the non-empty splits in ascending order (the
  * same float operations, in the same order, as a serial merge). */
 constexpr int MERGE_MAX_SPLITS = 1024;
-__global__ void attention_merge_kernel(float *out, const float *ws, int splits, int head_dim, const float *gate)
+__global__ void attention_merge_kernel(float *out, const float *ws, int splits, int head_dim, const float *gate,
+                                       int early)
 {
+    if (early) pdl_release();
     pdl_wait();
     pdl_release();
     __shared__ float f[MERGE_MAX_SPLITS], red[32];
@@ -1102,7 +1105,7 @@ cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a)
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || a->splits == 1) return err;
     err = launch_ex(a->pdl != 0, dim3((unsigned)(a->n * a->n_head)), dim3(128), 0, st, attention_merge_kernel, a->out,
-                    (const float *)a->ws, a->splits, D, a->gate);
+                    (const float *)a->ws, a->splits, D, a->gate, a->pdl_early);
     if (err != cudaSuccess) return err;
     return cudaGetLastError();
 }
