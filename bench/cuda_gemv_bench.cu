@@ -104,8 +104,8 @@ int main(int argc, char **argv)
     cu_fgemv_prepare(H);
     cu_fgemv_prepare(FF);
     cu_fgemv_prepare(QD);
-    const char *bm = getenv("SPARK_CUDA_FG_BMAX"), *fl = getenv("SPARK_CUDA_FG_FLY");
-    cu_fgemv_tune(bm ? atoi(bm) : 0, 0, fl ? atoi(fl) : 0);
+    const char *fl = getenv("SPARK_CUDA_FG_FLY");
+    cu_fgemv_tune(fl ? atoi(fl) : 0);
     const char *only = getenv("CHAINS"); /* e.g. "fgemv": the GEMV chains only */
 
     /* KV caches and the attention's buffers */
@@ -173,7 +173,7 @@ int main(int argc, char **argv)
         const int64_t slots = full ? 4096 : 512;
         if (what & 1)
             CK(cu_rope_kv(st, qkv, NH, NKV, D, d_pos, full ? 64 : 256, full ? 5e6 : 1e4, kc[l], vc[l], slots, pdl,
-                          cu_prefetch{}, (what & 4) ? tab + (full ? 0 : 256) : NULL));
+                          (what & 4) ? tab + (full ? 0 : 256) : NULL));
         if (!(what & 2)) return;
         cu_attn_args a;
         memset(&a, 0, sizeof a);

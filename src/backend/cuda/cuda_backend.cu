@@ -85,7 +85,6 @@ struct cuda_backend {
      * tokens, and recorded steps rewritten into fused commands (fuse) and
      * captured with programmatic dependent launches (pdl) */
     int fast, fuse_on, pdl_on;
-    int64_t pf_gemv, pf_idle, pf_cap; /* L2 prefetch plan (plan_prefetch): bytes, 0 = off */
     float *ropetab;  /* ROPE_TABLES x 2 x CUDA_MAX_HEAD_DIM / 2: cos / sin per rope class (rope_tables) */
     int split_keys;  /* attention: a key split covers at least this many keys (SPARK_CUDA_SPLIT_KEYS) */
     int pdl_early;   /* attention releases its dependents before its wait (SPARK_CUDA_PDL_EARLY=0: not) */
@@ -335,7 +334,6 @@ struct cmd {
     cu_fgemv_args fg;
     cu_kv_attn_args kva; /* OP_KVATTN, OP_KVSTORE (the cache as kc / vc, slots) */
     cu_hook_args hk;
-    cu_prefetch pf; /* OP_ROPEKV (fgemv and attention carry theirs in fg / attn) */
 };
 
 /* bf16 weights, many tokens: tensor-core GEMM on x = hi + lo (two bf16 halves). */
@@ -423,7 +421,7 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_FGEMV: CK(cu_fgemv(st, &c->fg, cb->sms, cb->pdl_now)); return;
     case OP_ROPEKV:
         CK(cu_rope_kv(st, c->out, c->heads, (int)c->rows, c->head_dim, cb->d_pos, c->rot_dims, c->theta, c->k, c->v,
-                      c->slots, cb->pdl_now, c->pf, c->y));
+                      c->slots, cb->pdl_now, c->y));
         return;
     case OP_ROPETAB:
         CK(cu_rope_table(st, c->out, cb->d_pos, c->rot_dims, c->theta, cb->pdl_now));
@@ -584,89 +582,6 @@ void rope_tables(cuda_backend *cb)
     free(tabs);
 }
 
-/* The weights a fused GEMV reads, in the order its blocks read them: one
- * stream (rows0 of w0, then rows1 of w1), or two side by side for a gate/up
- * pair. The prefetch plan for the next `want` bytes after `done`. */
-cu_prefetch prefetch_range(const cu_fgemv_args *g, int64_t done, int64_t want)
-{
-    cu_prefetch pf;
-    memset(&pf, 0, sizeof pf);
-    const int64_t b0 = g->rows0 * g->row_bytes, b1 = g->rows1 * g->row_bytes;
-    want &= ~(int64_t)15;
-    if (g->pair) {
-        const int64_t half = (want / 2) & ~(int64_t)15;
-        const int64_t n = done / 2 + half <= b0 ? half : b0 - done / 2;
-        if (n > 0) {
-            pf.p[0] = (const char *)g->w0 + done / 2;
-            pf.p[1] = (const char *)g->w1 + done / 2;
-            pf.bytes[0] = pf.bytes[1] = n;
-        }
-        return pf;
-    }
-    int slot = 0;
-    if (done < b0) {
-        const int64_t n = b0 - done < want ? b0 - done : want;
-        pf.p[slot] = (const char *)g->w0 + done;
-        pf.bytes[slot++] = n;
-        done += n;
-        want -= n;
-    }
-    if (want > 0 && g->w1 && done >= b0 && done - b0 < b1) {
-        const int64_t n = b1 - (done - b0) < want ? b1 - (done - b0) : want;
-        pf.p[slot] = (const char *)g->w1 + (done - b0);
-        pf.bytes[slot] = n;
-    }
-    return pf;
-}
-
-/* Give every fused GEMV, rope_kv and single-token attention the L2
- * prefetch of the next GEMV's first bytes (continuing where the previous
- * command's plan stopped, up to pf_cap per GEMV; the last GEMV of the step
- * takes the first's, for the next token). Why: each GEMV starts with an
- * empty memory pipeline and ends with a tail of idle SMs (~5 us of a 10-30
- * us kernel, bench/cuda_runs.md run 3), and rope + attention barely touch
- * DRAM; prefetches issued there were to keep it streaming. Measured: no
- * gain (bench/cuda_runs.md run 7), so it is opt-in: SPARK_CUDA_PREFETCH=1. */
-void plan_prefetch(cuda_backend *cb)
-{
-    if (cb->pf_gemv <= 0 && cb->pf_idle <= 0) return;
-    long first = -1;
-    for (size_t i = 0; i < cb->nfq; i++)
-        if (cb->fq[i].op == OP_FGEMV) {
-            first = (long)i;
-            break;
-        }
-    if (first < 0) return;
-    long target = -1;
-    int64_t done = 0;
-    for (size_t i = 0; i < cb->nfq; i++) {
-        cmd *c = &cb->fq[i];
-        cu_prefetch *slot = NULL;
-        int64_t want = cb->pf_idle;
-        if (c->op == OP_FGEMV) {
-            slot = &c->fg.pf;
-            want = cb->pf_gemv;
-        } else if (c->op == OP_ROPEKV) {
-            slot = &c->pf;
-        } else if (c->op == OP_ATTN && c->attn.n == 1 && !c->attn.flash) {
-            slot = &c->attn.pf;
-        }
-        if (!slot) continue;
-        long next = -1;
-        for (size_t j = i + 1; j < cb->nfq && next < 0; j++)
-            if (cb->fq[j].op == OP_FGEMV) next = (long)j;
-        if (next < 0) next = first;
-        if (next != target) {
-            target = next;
-            done = 0;
-        }
-        if (done + want > cb->pf_cap) want = cb->pf_cap - done;
-        if (want <= 0) continue;
-        *slot = prefetch_range(&cb->fq[target].fg, done, want);
-        done += want;
-    }
-}
-
 void fuse(cuda_backend *cb)
 {
     const cmd *q = cb->q;
@@ -784,7 +699,6 @@ void fuse(cuda_backend *cb)
     }
     fold_hooks(cb);
     rope_tables(cb);
-    plan_prefetch(cb);
     cb->fused = (long)n - (long)cb->nfq;
 }
 
@@ -1460,13 +1374,6 @@ extern "C" spark_status backend_cuda_fill_kv(backend *be, kv_layer *layer, int64
     return SPARK_OK;
 }
 
-/* A size in MB from the environment, or the default. */
-static int64_t env_mb(const char *name, double dflt)
-{
-    const char *v = getenv(name);
-    return (int64_t)((v && *v ? atof(v) : dflt) * 1048576.0);
-}
-
 extern "C" spark_status backend_cuda_create(const spark_model *model, int device, backend **out)
 {
     *out = NULL;
@@ -1526,21 +1433,11 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     /* SPARK_CUDA_MEGA=1: decode steps as one persistent kernel (cuda_step.cu)
      * instead of graphs of fused kernels; off by default: correct, but not
      * yet faster (bench/cuda_runs.md, run 5) */
-    /* L2 prefetch plan of a decode step (plan_prefetch): opt-in with
-     * SPARK_CUDA_PREFETCH=1 (it measured slower or even: bench/cuda_runs.md
-     * run 7); SPARK_CUDA_PF_GEMV / _IDLE / _CAP (MB) size it */
-    const char *pf = getenv("SPARK_CUDA_PREFETCH");
-    if (pf && !strcmp(pf, "1") && prop.major >= 9) {
-        cb->pf_gemv = env_mb("SPARK_CUDA_PF_GEMV", 16);
-        cb->pf_idle = env_mb("SPARK_CUDA_PF_IDLE", 24);
-        cb->pf_cap = env_mb("SPARK_CUDA_PF_CAP", 32);
-    }
     const char *mg = getenv("SPARK_CUDA_MEGA");
     cb->mega_on = cb->fuse_on && cb->graphs && mg && !strcmp(mg, "1") && cu_mega_supported(device);
     if (cb->fast) {
-        const char *bm = getenv("SPARK_CUDA_FG_BMAX"), *sp = getenv("SPARK_CUDA_FG_SELFPF"),
-                   *fl = getenv("SPARK_CUDA_FG_FLY");
-        cu_fgemv_tune(bm ? atoi(bm) : 0, sp ? atoi(sp) : 0, fl ? atoi(fl) : 0);
+        const char *fl = getenv("SPARK_CUDA_FG_FLY");
+        cu_fgemv_tune(fl ? atoi(fl) : 0);
         cu_fgemv_prepare(c->n_embd);
         cu_fgemv_prepare(c->n_ff);
         cu_fgemv_prepare((int64_t)c->n_head * c->head_dim);

@@ -23,16 +23,6 @@ enum {
  * needs no C include. */
 enum { CU_F32 = 0, CU_F16, CU_BF16, CU_Q8_0, CU_Q4_0, CU_Q4_K, CU_Q6_K };
 
-/* Upcoming weights to pull into L2 (up to two byte ranges, 16-byte aligned
- * and sized): given to a kernel of a decode step whose own memory stream is
- * ending (a GEMV's last rows) or small (rope, attention), so the DRAM keeps
- * streaming across kernel boundaries and the next GEMV's first rows come
- * from L2. Planned by the backend's fuse(); zero = none. */
-typedef struct cu_prefetch {
-    const void *p[2];
-    int64_t bytes[2];
-} cu_prefetch;
-
 /* out[t, r] = x[t, :] . W[r, :] for t < n (n <= CUDA_GEMV_MAX_TOKENS).
  * W: rows x cols in `dtype`, row_bytes apart. */
 cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, int dtype, int64_t rows,
@@ -80,7 +70,6 @@ typedef struct cu_attn_args {
     int pdl_early;     /* let the following kernels launch before this one's dependency wait, so the
                         * out-projection GEMV after it loads its first weights during the attention */
     int flash;         /* run by cu_flash_attention (prefill chunks, f32 cache; set by the backend) */
-    cu_prefetch pf;    /* decode: issued before the dependency wait */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
 
@@ -123,16 +112,14 @@ typedef struct cu_fgemv_args {
     int stamp_phase;
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
-    cu_prefetch pf;             /* issued by each block once its last rows' loads are out */
-    int self_pf;                /* set by cu_fgemv: groups of its own rows each block pulls into L2 early */
 } cu_fgemv_args;
 
 /* Whether cu_fgemv takes this shape (else use cu_gemv). */
 int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows);
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl);
-/* Launch shape choice (SPARK_CUDA_FG_BMAX: blocks per SM, <= 8; SPARK_CUDA_FG_SELFPF: groups;
- * SPARK_CUDA_FG_FLY: KB in flight per SM below which the model assumes less bandwidth). */
-void cu_fgemv_tune(int max_blocks_per_sm, int self_prefetch, int fly_kb);
+/* Launch shape choice: the KB in flight per SM below which cu_fgemv's
+ * model assumes less bandwidth (SPARK_CUDA_FG_FLY; 0 = the default, 96). */
+void cu_fgemv_tune(int fly_kb);
 /* Look up the kernels' occupancy for rows of `cols` now, outside any graph capture. */
 void cu_fgemv_prepare(int64_t cols);
 
@@ -141,7 +128,7 @@ void cu_fgemv_prepare(int64_t cols);
  * ops and the kv store of a decode step in one launch. */
 cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, int head_dim, const int64_t *pos,
                        int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl,
-                       cu_prefetch pf, const float *tab);
+                       const float *tab);
 /* tab[0, half) = cos, tab[half, 2 half) = sin of rope's angles at *pos
  * (half = rot_dims / 2), for rope_kv's `tab` (NULL: it computes them). */
 cudaError_t cu_rope_table(cudaStream_t st, float *tab, const int64_t *pos, int rot_dims, double theta, int pdl);

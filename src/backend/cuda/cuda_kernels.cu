@@ -53,43 +53,6 @@ __device__ __forceinline__ void pdl_release()
 #endif
 }
 
-/* Pull [p, p + bytes) into L2 without waiting for it (bytes a multiple of
- * 16, p 16-byte aligned): the bulk-copy engine's prefetch on sm_90, one
- * line prefetch per 128 bytes before. */
-__device__ __forceinline__ void prefetch_l2(const char *p, uint32_t bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-    for (uint32_t o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-#endif
-}
-
-/* This thread's share (thread `tid` of `nthreads`) of a prefetch plan, in
- * 4 KB pieces dealt round-robin. */
-__device__ void prefetch_share(const cu_prefetch &pf, int64_t tid, int64_t nthreads)
-{
-    constexpr int64_t PIECE = 4096;
-    for (int s = 0; s < 2; s++) {
-        const char *base = (const char *)pf.p[s];
-        const int64_t n = pf.bytes[s];
-        for (int64_t off = tid * PIECE; base && off < n; off += nthreads * PIECE) {
-            const int64_t len = n - off < PIECE ? n - off : PIECE;
-            prefetch_l2(base + off, (uint32_t)len & ~15u);
-        }
-    }
-}
-
-/* Block-major numbering of the grid's threads, so every block holds pieces
- * spread over the whole plan. */
-__device__ __forceinline__ void prefetch_grid(const cu_prefetch &pf)
-{
-    if (!pf.bytes[0] && !pf.bytes[1]) return;
-    const int64_t nb = (int64_t)gridDim.x * gridDim.y;
-    const int64_t b = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
-    prefetch_share(pf, (int64_t)threadIdx.x * nb + b, nb * blockDim.x);
-}
-
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float b2f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 __device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return *(const uint16_t *)p; }
@@ -421,7 +384,6 @@ constexpr int ATT_KT = 4; /* keys a warp scores together */
 template <int E, int GMAX, int ATT_WARPS>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args a)
 {
-    prefetch_grid(a.pf);
     if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
     pdl_wait();
     pdl_release();
@@ -683,22 +645,6 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
 
     int64_t g = blockIdx.x;
     load(g); /* weights only: before the wait */
-    /* and this block's next groups into L2: under a programmatic launch this
-     * runs while the previous kernel finishes, when the DRAM would idle */
-    if (lane == 0)
-        for (int k = 1; k <= a.self_pf; k++) {
-            const int64_t r = (g + (int64_t)k * gridDim.x) * RPG + rl;
-            if (r >= R || s1 <= s0) break;
-            const int64_t off = (int64_t)s0 * 16;
-            const uint32_t len = (uint32_t)(s1 - s0) * 16u;
-            if (PAIR) {
-                prefetch_l2((const char *)w0 + r * a.row_bytes + off, len);
-                prefetch_l2((const char *)w1 + r * a.row_bytes + off, len);
-            } else {
-                prefetch_l2((const char *)(r < a.rows0 ? w0 + r * a.row_bytes : w1 + (r - a.rows0) * a.row_bytes) + off,
-                            len);
-            }
-        }
     pdl_wait();
     pdl_release();
     if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
@@ -761,7 +707,6 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
         const int64_t r = g * RPG + rl;
         const int64_t gn = g + gridDim.x;
         if (gn < groups) load(gn); /* in flight during the reduction below */
-        else prefetch_grid(a.pf);  /* this block's stream ends: start the next matrix's */
 #pragma unroll
         for (int q = 0; q < NR; q++) acc[q] = warp_sum(acc[q]);
         bool mine = lane == 0 && r < R;
@@ -821,9 +766,8 @@ __global__ void rope_table_kernel(float *tab, const int64_t *pos, int half, doub
 }
 
 __global__ void rope_kv_kernel(float *qkv, int n_q, int n_kv, int D, const int64_t *pos, int half, double theta,
-                               float *kc, float *vc, int64_t slots, cu_prefetch pf, const float *tab)
+                               float *kc, float *vc, int64_t slots, const float *tab)
 {
-    prefetch_grid(pf);
     pdl_wait();
     pdl_release();
     const int h = blockIdx.x, t = threadIdx.x;
@@ -1118,15 +1062,9 @@ int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows)
            cols / 8 <= 8 * WARP * FG_NV[FG_NNV - 1] && rows > 0 && rows < ((int64_t)1 << 31);
 }
 
-int fg_bmax = 8, fg_self_pf = 0;
 double fg_fly = 96e3; /* bench/cuda_runs.md run 7: 48 KB left the out-projection at 41 KB per SM */
 
-void cu_fgemv_tune(int max_blocks_per_sm, int self_prefetch, int fly_kb)
-{
-    fg_bmax = max_blocks_per_sm > 0 ? max_blocks_per_sm : 8;
-    fg_self_pf = self_prefetch > 0 ? self_prefetch : 0;
-    fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 96e3;
-}
+void cu_fgemv_tune(int fly_kb) { fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 96e3; }
 
 /* The split (KS, NV) and blocks per SM with the least time: per-SM bytes
  * (padding and the last round's idle slots included) over a bandwidth share
@@ -1150,7 +1088,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         const int nv = FG_NV[nvi];
         fgemv_fn fn = fg_pick(ksi, nvi, pair);
         int bmax = fg_occupancy(fn, smem);
-        if (bmax > fg_bmax) bmax = fg_bmax;
+        if (bmax > 8) bmax = 8;
         const int64_t groups = (R + FG_WARPS / ks - 1) / (FG_WARPS / ks);
         for (int b = 1; b <= bmax; b++) {
             int64_t grid = (int64_t)sms * b;
@@ -1177,9 +1115,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
     if (show)
         fprintf(stderr, "fgemv %lld x %d%s: KS %d NV %d, %u blocks (%.0f KB in flight per SM)\n", (long long)R, a->cols,
                 pair ? " pair" : "", best_ks, best_nv, best_grid, best_fly / 1e3);
-    cu_fgemv_args args = *a;
-    args.self_pf = fg_self_pf;
-    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, args);
+    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
@@ -1194,11 +1130,11 @@ void cu_fgemv_prepare(int64_t cols)
 
 cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, int head_dim, const int64_t *pos,
                        int rot_dims, double theta, float *kc, float *vc, int64_t slots, int pdl,
-                       cu_prefetch pf, const float *tab)
+                       const float *tab)
 {
     cudaError_t e = launch_ex(pdl != 0, dim3((unsigned)(n_head + 2 * n_head_kv)), dim3((unsigned)head_dim), 0, st,
                               rope_kv_kernel, qkv, n_head, n_head_kv, head_dim, pos, rot_dims / 2, theta, kc, vc,
-                              slots, pf, tab);
+                              slots, tab);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
