@@ -38,6 +38,13 @@ static inline cpu_backend *cpu_of(backend *be) { return (cpu_backend *)be; }
 /* out[t, r] = sum_c x[t, c] * W[r, c] for t < n (x: [n, cols], out: [n, rows]). */
 void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, int n);
 
+/* Prefill with bf16 weights on AMX tiles (amx.c), for n >= AMX_MIN_TOKENS:
+ * returns 0 without writing when it does not apply (other dtype, no AMX,
+ * SPARK_AMX=0, no memory), and the caller uses the float path. */
+enum { AMX_MIN_TOKENS = 16 };
+int cpu_amx_matmul(thread_pool *pool, int nth, float *out, const float *x, const weight_ref *w, int n);
+int cpu_amx_available(void); /* the CPU has AMX-BF16, the kernel grants it and SPARK_AMX is not 0 */
+
 /* The backend's attention op (see backend.h). */
 void cpu_attention(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
                    const attn_shape *sh);

@@ -1,0 +1,335 @@
+/*
+ * amx.c — prefill products with bf16 weights on Intel AMX tiles.
+ *
+ * A tile multiply (TDPBF16PS) does 16 x 16 x 32 multiply-adds of bf16 pairs
+ * into float32 in one instruction, ~16x what the AVX-512 FMA units do in
+ * the same time. The weights are bf16 already; the activations are not, so
+ * each activation row is split x = hi + lo into two bf16 rows (lo is the
+ * rounding error of hi) and both are multiplied: hi.W + lo.W carries ~16
+ * significant bits of x instead of bf16's 8, which puts the result within
+ * float32 accumulation error of the exact product (tested against float64
+ * in tests/c/test_amx.c). The CUDA backend splits x the same way for its
+ * tensor-core prefill.
+ *
+ * Shape: weights in row blocks of RB rows (claimed by the threads), each
+ * packed per K chunk into the tile layout TDPBF16PS reads (pairs of
+ * consecutive k per output row: "VNNI" order); for every 32-token block
+ * the 2 x 2 output tiles of a 32-row sub-block accumulate over the chunk
+ * (A tiles hi then lo against the same two B tiles) and are stored into
+ * `out`, re-loaded for the next chunk. Each output element is summed by one
+ * thread in a fixed order: results do not depend on the thread count.
+ *
+ * Used for n >= AMX_MIN_TOKENS tokens when the CPU and the kernel allow AMX
+ * (Linux asks for the tile state with arch_prctl); SPARK_AMX=0 turns it off.
+ */
+#include "backend/cpu/cpu_internal.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define SPARK_HAVE_AMX 1
+#endif
+
+#ifdef SPARK_HAVE_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")
+#endif
+#include <immintrin.h>
+
+enum {
+    RB = 128,   /* weight rows per packed block (a thread's unit of work) */
+    KC = 1024,  /* columns per packed chunk: RB x KC bf16 = 256 KB, in L2 */
+    TB = 32,    /* tokens per A block (two 16-row tiles) */
+};
+
+/* The 64-byte tile configuration: tiles 0-3 accumulators (16 x 16 float),
+ * 4-5 activation rows (16 x 32 bf16), 6-7 weight pairs (16 x 16 pairs). */
+typedef struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static void tiles_configure(void)
+{
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.rows[i] = 16;
+        c.colsb[i] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+static uint16_t bf16_rne(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float bf16_f(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+typedef struct amx_job {
+    float *out;
+    const uint16_t *xh, *xl; /* [n_pad][k_pad] */
+    const uint8_t *w;
+    size_t row_bytes;
+    int64_t rows, cols, k_pad;
+    int n, n_pad;
+    int64_t blocks;
+    _Atomic int64_t next;
+    int failed;
+} amx_job;
+
+/* panel[kk/32][sub][i][o] = the pair (W[r0 + 16 sub + o][k0 + kk + 2i], ...+1)
+ * for the RB rows and kc columns of this chunk (zeros past the matrix):
+ * each tile row is one gather of a pair from 16 weight rows. Chunks that
+ * reach past the last column go pair by pair. */
+static void pack_chunk(uint32_t *panel, const amx_job *j, int64_t r0, int64_t k0, int64_t kc)
+{
+    const int64_t steps = kc / 32;
+    const int stride = (int)(j->row_bytes / 2); /* in bf16 values */
+    if (k0 + kc <= j->cols && j->row_bytes % 4 == 0) {
+        const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32(stride / 2));
+        for (int sub = 0; sub < RB / 16; sub++) {
+            const int64_t row0 = r0 + 16 * sub;
+            const int valid = j->rows - row0 >= 16 ? 16 : (j->rows > row0 ? (int)(j->rows - row0) : 0);
+            const __mmask16 m = (__mmask16)((1u << valid) - 1u);
+            const uint32_t *base = (const uint32_t *)(j->w + (size_t)(valid ? row0 : 0) * j->row_bytes);
+            for (int64_t st = 0; st < steps; st++) {
+                uint32_t *dst = panel + ((st * (RB / 16) + sub) * 16) * 16;
+                const uint32_t *col = base + (k0 + 32 * st) / 2;
+                for (int i = 0; i < 16; i++) {
+                    const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, col + i, 4);
+                    _mm512_store_si512((__m512i *)(dst + 16 * i), v);
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t r = 0; r < RB; r++) {
+        const int sub = (int)(r / 16), o = (int)(r % 16);
+        const int64_t row = r0 + r;
+        const uint16_t *src = row < j->rows ? (const uint16_t *)(j->w + (size_t)row * j->row_bytes) : NULL;
+        for (int64_t st = 0; st < steps; st++) {
+            uint32_t *dst = panel + ((st * (RB / 16) + sub) * 16) * 16 + o;
+            for (int i = 0; i < 16; i++) {
+                const int64_t k = k0 + 32 * st + 2 * i;
+                uint32_t lo = src && k < j->cols ? src[k] : 0, hi = src && k + 1 < j->cols ? src[k + 1] : 0;
+                dst[i * 16] = lo | (hi << 16);
+            }
+        }
+    }
+}
+
+/* Output tile (16 tokens x 16 rows at t0, r0) to or from `out`, through a
+ * scratch tile when it hangs over the matrix's edge. */
+static void tile_edge_store(const amx_job *j, const float *tmp, int t0, int64_t r0)
+{
+    for (int t = 0; t < 16 && t0 + t < j->n; t++)
+        for (int o = 0; o < 16 && r0 + o < j->rows; o++) j->out[(int64_t)(t0 + t) * j->rows + r0 + o] = tmp[t * 16 + o];
+}
+
+static void tile_edge_load(const amx_job *j, float *tmp, int t0, int64_t r0)
+{
+    memset(tmp, 0, 16 * 16 * sizeof(float));
+    for (int t = 0; t < 16 && t0 + t < j->n; t++)
+        for (int o = 0; o < 16 && r0 + o < j->rows; o++) tmp[t * 16 + o] = j->out[(int64_t)(t0 + t) * j->rows + r0 + o];
+}
+
+static int whole_tile(const amx_job *j, int t0, int64_t r0) { return t0 + 16 <= j->n && r0 + 16 <= j->rows; }
+
+/* The four accumulators of tokens [t0, t0 + 32) x rows [r0, r0 + 32):
+ * zero (first chunk) or loaded from out; stored back after the chunk. */
+#define ACC_LOAD(T, tt, rr)                                                                          \
+    do {                                                                                             \
+        if (first) _tile_zero(T);                                                                    \
+        else if (whole_tile(j, t0 + (tt), r0 + (rr)))                                                \
+            _tile_loadd(T, j->out + (int64_t)(t0 + (tt)) * j->rows + r0 + (rr), j->rows * 4);        \
+        else {                                                                                       \
+            tile_edge_load(j, tmp, t0 + (tt), r0 + (rr));                                            \
+            _tile_loadd(T, tmp, 64);                                                                 \
+        }                                                                                            \
+    } while (0)
+#define ACC_STORE(T, tt, rr)                                                                         \
+    do {                                                                                             \
+        if (whole_tile(j, t0 + (tt), r0 + (rr)))                                                     \
+            _tile_stored(T, j->out + (int64_t)(t0 + (tt)) * j->rows + r0 + (rr), j->rows * 4);       \
+        else {                                                                                       \
+            _tile_stored(T, tmp, 64);                                                                \
+            tile_edge_store(j, tmp, t0 + (tt), r0 + (rr));                                           \
+        }                                                                                            \
+    } while (0)
+
+static void sub_block(const amx_job *j, const uint32_t *panel, int sub2, int t0, int64_t r0, int64_t k0, int64_t kc,
+                      int first, float *tmp)
+{
+    const size_t xs = (size_t)j->k_pad * 2; /* bytes between token rows of xh / xl */
+    ACC_LOAD(0, 0, 0);
+    ACC_LOAD(1, 0, 16);
+    ACC_LOAD(2, 16, 0);
+    ACC_LOAD(3, 16, 16);
+    for (int64_t s = 0; s < kc / 32; s++) {
+        const uint32_t *b = panel + ((s * (RB / 16) + 2 * sub2) * 16) * 16;
+        const int64_t k = k0 + 32 * s;
+        _tile_loadd(6, b, 64);
+        _tile_loadd(7, b + 256, 64);
+        _tile_loadd(4, j->xh + (size_t)t0 * j->k_pad + k, xs);
+        _tile_loadd(5, j->xh + (size_t)(t0 + 16) * j->k_pad + k, xs);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        _tile_loadd(4, j->xl + (size_t)t0 * j->k_pad + k, xs);
+        _tile_loadd(5, j->xl + (size_t)(t0 + 16) * j->k_pad + k, xs);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    ACC_STORE(0, 0, 0);
+    ACC_STORE(1, 0, 16);
+    ACC_STORE(2, 16, 0);
+    ACC_STORE(3, 16, 16);
+}
+
+static void amx_task(void *arg, int ith, int nth)
+{
+    (void)ith;
+    (void)nth;
+    amx_job *j = arg;
+    uint32_t *panel = aligned_alloc(64, (size_t)RB * KC * 2);
+    float *tmp = aligned_alloc(64, 16 * 16 * sizeof(float));
+    if (!panel || !tmp) {
+        free(panel);
+        free(tmp);
+        j->failed = 1; /* this thread claimed nothing; the caller redoes the product on the float path */
+        return;
+    }
+    tiles_configure();
+    for (int64_t blk; (blk = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->blocks;) {
+        const int64_t r0 = blk * RB;
+        for (int64_t k0 = 0; k0 < j->k_pad; k0 += KC) {
+            const int64_t kc = j->k_pad - k0 < KC ? j->k_pad - k0 : KC;
+            pack_chunk(panel, j, r0, k0, kc);
+            for (int t0 = 0; t0 < j->n_pad; t0 += TB)
+                for (int sub2 = 0; sub2 < RB / 32 && r0 + 32 * sub2 < j->rows; sub2++)
+                    sub_block(j, panel, sub2, t0, r0 + 32 * sub2, k0, kc, k0 == 0, tmp);
+        }
+    }
+    _tile_release();
+    free(panel);
+    free(tmp);
+}
+
+
+/* hi = bf16(x) and lo = bf16(x - hi), both rounded to nearest even (the
+ * conversion instruction's rounding; NaN stays NaN). */
+static void split_rows(uint16_t *xh, uint16_t *xl, const float *x, int n, int64_t cols, int64_t k_pad)
+{
+    for (int t = 0; t < n; t++) {
+        const float *row = x + (int64_t)t * cols;
+        uint16_t *h = xh + (size_t)t * k_pad, *l = xl + (size_t)t * k_pad;
+        int64_t c = 0;
+        for (; c + 16 <= cols; c += 16) {
+            const __m512 v = _mm512_loadu_ps(row + c);
+            const __m256bh hv = _mm512_cvtneps_pbh(v);
+            const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hv), 16));
+            const __m256bh lv = _mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
+            _mm256_storeu_si256((__m256i *)(h + c), (__m256i)hv);
+            _mm256_storeu_si256((__m256i *)(l + c), (__m256i)lv);
+        }
+        for (; c < cols; c++) {
+            h[c] = bf16_rne(row[c]);
+            l[c] = bf16_rne(row[c] - bf16_f(h[c]));
+        }
+    }
+}
+
+#ifdef __clang__
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+/* (outside the target region: this runs on any x86-64) */
+enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+
+/* Whether AMX-BF16 runs here: the CPU has it and Linux grants this process
+ * the tile state (asked once). */
+static int amx_usable(void)
+{
+    static _Atomic int state = -1;
+    int s = atomic_load(&state);
+    if (s >= 0) return s;
+    const char *e = getenv("SPARK_AMX");
+    s = !(e && !strcmp(e, "0")) && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+        __builtin_cpu_supports("avx512bf16") &&
+        syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    atomic_store(&state, s);
+    return s;
+}
+
+int cpu_amx_available(void) { return amx_usable(); }
+
+int cpu_amx_matmul(thread_pool *pool, int nth, float *out, const float *x, const weight_ref *w, int n)
+{
+    if (w->dtype != SPARK_DTYPE_BF16 || n < AMX_MIN_TOKENS || !amx_usable()) return 0;
+    amx_job j;
+    memset(&j, 0, sizeof j);
+    j.out = out;
+    j.w = w->data;
+    j.rows = w->rows;
+    j.cols = w->cols;
+    j.row_bytes = (size_t)w->cols * 2;
+    j.k_pad = (w->cols + 31) / 32 * 32;
+    j.n = n;
+    j.n_pad = (n + TB - 1) / TB * TB;
+    j.blocks = (w->rows + RB - 1) / RB;
+    const size_t bytes = (size_t)j.n_pad * (size_t)j.k_pad * 2;
+    uint16_t *xh = calloc(1, bytes), *xl = calloc(1, bytes);
+    if (!xh || !xl) {
+        free(xh);
+        free(xl);
+        return 0; /* the float path needs no extra memory */
+    }
+    split_rows(xh, xl, x, n, w->cols, j.k_pad);
+    j.xh = xh;
+    j.xl = xl;
+    pool_run(pool, amx_task, &j, nth);
+    free(xh);
+    free(xl);
+    return !j.failed;
+}
+
+#else /* no AMX on this target */
+
+int cpu_amx_available(void) { return 0; }
+
+int cpu_amx_matmul(thread_pool *pool, int nth, float *out, const float *x, const weight_ref *w, int n)
+{
+    (void)pool, (void)nth, (void)out, (void)x, (void)w, (void)n;
+    return 0;
+}
+
+#endif

@@ -1,0 +1,120 @@
+/*
+ * test_amx.c — the AMX prefill product (src/backend/cpu/amx.c) against a
+ * float64 product of the same bf16 weights and float32 activations.
+ *
+ * Bound, per output element: |got - sum w x| <= AMX_TOL * sum |w x|. The
+ * activations are split x = hi + lo into two bf16 values, which leaves
+ * |x - hi - lo| <= 2^-18 |x|; the tile unit accumulates in float32 (its
+ * rounding, like the float path's, is a few 2^-24 per term in practice).
+ * AMX_TOL = 2^-17 + 2e-6 covers both. The test has teeth: it also measures
+ * what the product with hi alone (bf16 activations, the error a missing lo
+ * term would leave) would give, and requires that to exceed AMX_TOL.
+ * Edges: rows, columns and tokens that are not multiples of the tiles.
+ * Results must be bit-identical with 1 and 2 threads.
+ */
+#include "check.h"
+
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/threadpool.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#define AMX_TOL (7.62939453125e-06 + 2e-6)
+
+static uint64_t rng = 88172645463325252ull;
+static double uniform(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static float bf16_to_f(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t f_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void check_shape(thread_pool *pool, int64_t rows, int64_t cols, int n)
+{
+    uint16_t *w = malloc((size_t)rows * cols * 2);
+    float *x = malloc((size_t)n * cols * 4), *y1 = malloc((size_t)n * rows * 4), *y2 = malloc((size_t)n * rows * 4);
+    for (int64_t i = 0; i < rows * cols; i++) w[i] = f_to_bf16((float)(uniform() * 0.1));
+    for (int64_t i = 0; i < n * cols; i++) x[i] = (float)(uniform() * (1.0 + 3.0 * (i % 5 == 0)));
+    weight_ref wr = {.name = "test", .dtype = SPARK_DTYPE_BF16, .rows = rows, .cols = cols, .data = w};
+    CHECK(cpu_amx_matmul(pool, 1, y1, x, &wr, n));
+    CHECK(cpu_amx_matmul(pool, 2, y2, x, &wr, n));
+    CHECK_MSG(!memcmp(y1, y2, (size_t)n * rows * 4), "rows %lld cols %lld n %d: 1 and 2 threads differ",
+              (long long)rows, (long long)cols, n);
+    double worst = 0, worst_hi_only = 0;
+    for (int t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double s = 0, a = 0, h = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                const double wv = bf16_to_f(w[r * cols + c]), xv = x[(int64_t)t * cols + c];
+                s += wv * xv;
+                a += fabs(wv * xv);
+                h += wv * bf16_to_f(f_to_bf16((float)xv));
+            }
+            const double e = fabs(y1[(int64_t)t * rows + r] - s) / (a > 0 ? a : 1);
+            const double eh = fabs(h - s) / (a > 0 ? a : 1);
+            if (e > worst) worst = e;
+            if (eh > worst_hi_only) worst_hi_only = eh;
+        }
+    CHECK_MSG(worst <= AMX_TOL, "rows %lld cols %lld n %d: error %.3g x sum|wx| (bound %.3g)", (long long)rows,
+              (long long)cols, n, worst, AMX_TOL);
+    CHECK_MSG(worst_hi_only > AMX_TOL, "rows %lld cols %lld n %d: bf16 activations alone err only %.3g: no teeth",
+              (long long)rows, (long long)cols, n, worst_hi_only);
+    printf("  rows %5lld cols %5lld n %3d: worst %.3g x sum|wx| (hi alone %.3g)\n", (long long)rows,
+           (long long)cols, n, worst, worst_hi_only);
+    free(w);
+    free(x);
+    free(y1);
+    free(y2);
+}
+
+static thread_pool *pool;
+
+static void test_amx_matches_float64(void)
+{
+    check_shape(pool, 16, 32, 16);
+    check_shape(pool, 37, 70, 16);
+    check_shape(pool, 64, 1000, 17);
+    check_shape(pool, 128, 256, 33);
+    check_shape(pool, 300, 2560, 100);
+    check_shape(pool, 130, 1056, 64);
+}
+
+static void test_amx_declines_other_inputs(void)
+{
+    float x[16 * 32] = {0}, y[16 * 16];
+    uint8_t w[16 * 32 * 4] = {0};
+    weight_ref wr = {.name = "f32", .dtype = SPARK_DTYPE_F32, .rows = 16, .cols = 32, .data = w};
+    CHECK(!cpu_amx_matmul(pool, 1, y, x, &wr, 16)); /* float32 weights: the float path */
+    wr.dtype = SPARK_DTYPE_BF16;
+    CHECK(!cpu_amx_matmul(pool, 1, y, x, &wr, AMX_MIN_TOKENS - 1)); /* too few tokens */
+}
+
+int main(void)
+{
+    if (pool_create(2, &pool) != SPARK_OK) return 1;
+    if (!cpu_amx_available()) {
+        printf("SKIP test_amx_matches_float64: no AMX-BF16 here (or SPARK_AMX=0)\n");
+    } else {
+        RUN(test_amx_matches_float64);
+    }
+    RUN(test_amx_declines_other_inputs);
+    pool_free(pool);
+    CHECK_EXIT();
+}
