@@ -4,18 +4,18 @@
  * A tile multiply (TDPBF16PS) does 16 x 16 x 32 multiply-adds of bf16 pairs
  * into float32 in one instruction, ~16x what the AVX-512 FMA units do in
  * the same time. The weights are bf16 already; the activations are not, so
- * each activation row is split x = hi + lo into two bf16 rows (lo is the
- * rounding error of hi) and both are multiplied: hi.W + lo.W carries ~16
- * significant bits of x instead of bf16's 8, which puts the result within
- * float32 accumulation error of the exact product (tested against float64
- * in tests/c/test_amx.c). The CUDA backend splits x the same way for its
- * tensor-core prefill.
+ * each activation row is split into three bf16 rows, x = x0 + x1 + x2 (each
+ * the rounding error of the ones before), and all three are multiplied:
+ * together they carry float32's 24 significant bits, so the only error left
+ * is float32 accumulation, as on the float path (tested against float64 in
+ * tests/c/test_amx.c; two parts, as the CUDA prefill uses, measured ~10x
+ * the float path's error at the model's logits).
  *
  * Shape: weights in row blocks of RB rows (claimed by the threads), each
  * packed per K chunk into the tile layout TDPBF16PS reads (pairs of
  * consecutive k per output row: "VNNI" order); for every 32-token block
  * the 2 x 2 output tiles of a 32-row sub-block accumulate over the chunk
- * (A tiles hi then lo against the same two B tiles) and are stored into
+ * (the A tiles of each part against the same two B tiles) and are stored into
  * `out`, re-loaded for the next chunk. Each output element is summed by one
  * thread in a fixed order: results do not depend on the thread count.
  *
@@ -46,10 +46,17 @@
 #endif
 #include <immintrin.h>
 
+#ifndef AMX_RB
+#define AMX_RB 256
+#endif
+#ifndef AMX_KC
+#define AMX_KC 1024
+#endif
 enum {
-    RB = 128,   /* weight rows per packed block (a thread's unit of work) */
-    KC = 1024,  /* columns per packed chunk: RB x KC bf16 = 256 KB, in L2 */
+    RB = AMX_RB, /* weight rows per packed block (a thread's unit of work) */
+    KC = AMX_KC, /* columns per packed chunk: RB x KC bf16 = 512 KB, in L2 */
     TB = 32,    /* tokens per A block (two 16-row tiles) */
+    PARTS = 3,  /* bf16 terms of each activation: 24 significant bits, float32's */
 };
 
 /* The 64-byte tile configuration: tiles 0-3 accumulators (16 x 16 float),
@@ -90,7 +97,7 @@ static float bf16_f(uint16_t b)
 
 typedef struct amx_job {
     float *out;
-    const uint16_t *xh, *xl; /* [n_pad][k_pad] */
+    const uint16_t *xp[PARTS]; /* x = sum of the parts, each [n_pad][k_pad] bf16 */
     const uint8_t *w;
     size_t row_bytes;
     int64_t rows, cols, k_pad;
@@ -194,18 +201,14 @@ static void sub_block(const amx_job *j, const uint32_t *panel, int sub2, int t0,
         const int64_t k = k0 + 32 * s;
         _tile_loadd(6, b, 64);
         _tile_loadd(7, b + 256, 64);
-        _tile_loadd(4, j->xh + (size_t)t0 * j->k_pad + k, xs);
-        _tile_loadd(5, j->xh + (size_t)(t0 + 16) * j->k_pad + k, xs);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-        _tile_loadd(4, j->xl + (size_t)t0 * j->k_pad + k, xs);
-        _tile_loadd(5, j->xl + (size_t)(t0 + 16) * j->k_pad + k, xs);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        for (int p = 0; p < PARTS; p++) {
+            _tile_loadd(4, j->xp[p] + (size_t)t0 * j->k_pad + k, xs);
+            _tile_loadd(5, j->xp[p] + (size_t)(t0 + 16) * j->k_pad + k, xs);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
     }
     ACC_STORE(0, 0, 0);
     ACC_STORE(1, 0, 16);
@@ -243,25 +246,31 @@ static void amx_task(void *arg, int ith, int nth)
 }
 
 
-/* hi = bf16(x) and lo = bf16(x - hi), both rounded to nearest even (the
- * conversion instruction's rounding; NaN stays NaN). */
-static void split_rows(uint16_t *xh, uint16_t *xl, const float *x, int n, int64_t cols, int64_t k_pad)
+/* parts[0] = bf16(x), parts[p] = bf16(x - parts[0] - ... - parts[p-1]),
+ * each rounded to nearest even (the conversion instruction's rounding;
+ * NaN stays NaN): three parts hold all 24 bits of a float32 (to its
+ * exponent range). */
+static void split_rows(uint16_t *const *parts, const float *x, int n, int64_t cols, int64_t k_pad)
 {
     for (int t = 0; t < n; t++) {
         const float *row = x + (int64_t)t * cols;
-        uint16_t *h = xh + (size_t)t * k_pad, *l = xl + (size_t)t * k_pad;
         int64_t c = 0;
         for (; c + 16 <= cols; c += 16) {
-            const __m512 v = _mm512_loadu_ps(row + c);
-            const __m256bh hv = _mm512_cvtneps_pbh(v);
-            const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)hv), 16));
-            const __m256bh lv = _mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
-            _mm256_storeu_si256((__m256i *)(h + c), (__m256i)hv);
-            _mm256_storeu_si256((__m256i *)(l + c), (__m256i)lv);
+            __m512 rest = _mm512_loadu_ps(row + c);
+            for (int p = 0; p < PARTS; p++) {
+                const __m256bh b = _mm512_cvtneps_pbh(rest);
+                _mm256_storeu_si256((__m256i *)(parts[p] + (size_t)t * k_pad + c), (__m256i)b);
+                rest = _mm512_sub_ps(rest,
+                                     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16)));
+            }
         }
         for (; c < cols; c++) {
-            h[c] = bf16_rne(row[c]);
-            l[c] = bf16_rne(row[c] - bf16_f(h[c]));
+            float rest = row[c];
+            for (int p = 0; p < PARTS; p++) {
+                const uint16_t b = bf16_rne(rest);
+                parts[p][(size_t)t * k_pad + c] = b;
+                rest -= bf16_f(b);
+            }
         }
     }
 }
@@ -307,18 +316,16 @@ int cpu_amx_matmul(thread_pool *pool, int nth, float *out, const float *x, const
     j.n_pad = (n + TB - 1) / TB * TB;
     j.blocks = (w->rows + RB - 1) / RB;
     const size_t bytes = (size_t)j.n_pad * (size_t)j.k_pad * 2;
-    uint16_t *xh = calloc(1, bytes), *xl = calloc(1, bytes);
-    if (!xh || !xl) {
-        free(xh);
-        free(xl);
-        return 0; /* the float path needs no extra memory */
+    uint16_t *parts[PARTS];
+    int ok = 1;
+    for (int p = 0; p < PARTS; p++) ok &= (parts[p] = calloc(1, bytes)) != NULL;
+    if (ok) {
+        split_rows(parts, x, n, w->cols, j.k_pad);
+        for (int p = 0; p < PARTS; p++) j.xp[p] = parts[p];
+        pool_run(pool, amx_task, &j, nth);
     }
-    split_rows(xh, xl, x, n, w->cols, j.k_pad);
-    j.xh = xh;
-    j.xl = xl;
-    pool_run(pool, amx_task, &j, nth);
-    free(xh);
-    free(xl);
+    for (int p = 0; p < PARTS; p++) free(parts[p]);
+    if (!ok) return 0; /* the float path needs no extra memory */
     return !j.failed;
 }
 
