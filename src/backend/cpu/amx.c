@@ -67,6 +67,13 @@ typedef struct tile_config {
     uint8_t rows[16];
 } tile_config;
 
+/* Where x[t][k] sits in a part: the 16 x 32 tile of (t / 16, k / 32) is
+ * 1 KB of contiguous memory, tiles of a 16-token row in k order. */
+static size_t x_at(int64_t k_pad, int t, int64_t k)
+{
+    return (((size_t)(t / 16) * (size_t)(k_pad / 32) + (size_t)(k / 32)) * 16 + (size_t)(t % 16)) * 32 + (size_t)(k % 32);
+}
+
 static void tiles_configure(void)
 {
     tile_config c;
@@ -97,7 +104,7 @@ static float bf16_f(uint16_t b)
 
 typedef struct amx_job {
     float *out;
-    const uint16_t *xp[PARTS]; /* x = sum of the parts, each [n_pad][k_pad] bf16 */
+    const uint16_t *xp[PARTS]; /* x = sum of the parts, each n_pad x k_pad bf16 in tile order (x_at) */
     const uint8_t *w;
     size_t row_bytes;
     int64_t rows, cols, k_pad;
@@ -191,7 +198,6 @@ static int whole_tile(const amx_job *j, int t0, int64_t r0) { return t0 + 16 <= 
 static void sub_block(const amx_job *j, const uint32_t *panel, int sub2, int t0, int64_t r0, int64_t k0, int64_t kc,
                       int first, float *tmp)
 {
-    const size_t xs = (size_t)j->k_pad * 2; /* bytes between token rows of xh / xl */
     ACC_LOAD(0, 0, 0);
     ACC_LOAD(1, 0, 16);
     ACC_LOAD(2, 16, 0);
@@ -202,8 +208,8 @@ static void sub_block(const amx_job *j, const uint32_t *panel, int sub2, int t0,
         _tile_loadd(6, b, 64);
         _tile_loadd(7, b + 256, 64);
         for (int p = 0; p < PARTS; p++) {
-            _tile_loadd(4, j->xp[p] + (size_t)t0 * j->k_pad + k, xs);
-            _tile_loadd(5, j->xp[p] + (size_t)(t0 + 16) * j->k_pad + k, xs);
+            _tile_loadd(4, j->xp[p] + x_at(j->k_pad, t0, k), 64);
+            _tile_loadd(5, j->xp[p] + x_at(j->k_pad, t0 + 16, k), 64);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(2, 5, 6);
@@ -259,7 +265,7 @@ static void split_rows(uint16_t *const *parts, const float *x, int n, int64_t co
             __m512 rest = _mm512_loadu_ps(row + c);
             for (int p = 0; p < PARTS; p++) {
                 const __m256bh b = _mm512_cvtneps_pbh(rest);
-                _mm256_storeu_si256((__m256i *)(parts[p] + (size_t)t * k_pad + c), (__m256i)b);
+                _mm256_storeu_si256((__m256i *)(parts[p] + x_at(k_pad, t, c)), (__m256i)b); /* 16 in one tile row */
                 rest = _mm512_sub_ps(rest,
                                      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16)));
             }
@@ -268,7 +274,7 @@ static void split_rows(uint16_t *const *parts, const float *x, int n, int64_t co
             float rest = row[c];
             for (int p = 0; p < PARTS; p++) {
                 const uint16_t b = bf16_rne(rest);
-                parts[p][(size_t)t * k_pad + c] = b;
+                parts[p][x_at(k_pad, t, c)] = b;
                 rest -= bf16_f(b);
             }
         }
