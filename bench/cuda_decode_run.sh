@@ -5,18 +5,26 @@
 # environment settings on the 36-layer 4B shape, the GPU test files, and a
 # memcheck. Logs under $OUT.
 #
-#   BIN=.lead/bin SWEEP="label:ENV=1,ENV2=2;label2:..." bash bench/cuda_decode_run.sh [quick|full]
+#   BIN=.carry SWEEP="label:ENV=1,ENV2=2;label2:..." bash bench/cuda_decode_run.sh [quick|full]
 #
-# BIN holds `spark` and `cuda_bench` (make BUILD=X X/spark; bench/cuda_bench.c
-# linked against X/libspark.a), and optionally wheels/ (the openai client for
-# the GPU server test). SWEEP: decode configurations, each run as
+# BIN: what bench/cuda_carry.sh packed (spark, cuda_bench, cuda_gemv_bench
+# as .xz, the runtime .debs, optionally wheels/ such as the openai client
+# for the GPU server test); unpacked here first. SWEEP: decode configurations, each run as
 # `cuda_bench --ctx 4096 --prefill 512 --decode 256` with its variables set;
 # `full` adds context 32k for the first two. TESTS=0 skips the test files.
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/cuda-decode}
+BIN=${BIN:-.carry}
+if ls "$BIN"/*.xz >/dev/null 2>&1; then # packed by bench/cuda_carry.sh
+    mkdir -p "$BIN/bin" .devdeps
+    for f in "$BIN"/*.xz; do xz -dc "$f" >"$BIN/bin/$(basename "$f" .xz)" && chmod +x "$BIN/bin/$(basename "$f" .xz)"; done
+    cp "$BIN"/*.deb .devdeps/ 2>/dev/null
+    [ -d "$BIN/wheels" ] && cp -r "$BIN/wheels" "$BIN/bin/"
+    BIN=$BIN/bin
+fi
 . "$(dirname "$0")/device_env.sh"
-BIN=$(readlink -f "${BIN:-.lead/bin}")
+BIN=$(readlink -f "$BIN")
 stamp "start ($MODE) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
 
