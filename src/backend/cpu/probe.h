@@ -22,6 +22,13 @@ spark_status cpu_probe_bandwidth(int n_threads, size_t bytes, int reps, double *
  * ISA level, best of `reps` runs of about 50 ms. */
 spark_status cpu_probe_fma_peak(int n_threads, int reps, double *gflop_s);
 
+/* Peak bf16 tile multiply-add rate in GFLOP/s (AMX TDPBF16PS on loaded
+ * tiles, 16 x 16 x 32 multiply-adds each) of n_threads threads, best of
+ * `reps`; 0 where AMX-BF16 is not usable (amx.c). The prefill path that uses
+ * it runs three tile products per float32 product, so its useful peak is a
+ * third of this. */
+spark_status cpu_probe_amx_peak(int n_threads, int reps, double *gflop_s);
+
 /* The CPU's model name ("Intel(R) Xeon(R) ..."), or "unknown". */
 const char *cpu_model_name(void);
 
