@@ -1,0 +1,422 @@
+/*
+ * cuda_graph.cu — decode steps of the CUDA backend as CUDA graphs: a
+ * single-token step's commands are recorded instead of launched, rewritten
+ * into fused launches (fuse), captured once as a graph of programmatic
+ * dependent launches and replayed for every later token with the same
+ * commands (the position and the token id live in device memory), or handed
+ * to the persistent step kernel (cuda_step.cu) when SPARK_CUDA_MEGA=1.
+ */
+#include "backend/cuda/cuda_state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+namespace spark_cuda {
+
+/* ---- decode steps as CUDA graphs ---------------------------------------------- */
+/*
+ * A single-token step (embed with n == 1 up to the next synchronizing call)
+ * is recorded instead of launched: ~14 kernels a layer cost more to launch
+ * one by one than the GPU needs to run them. At the step's end the recorded
+ * commands are compared with the ones the current graph was captured from;
+ * equal (the usual case: same buffers, same shapes, only the position and
+ * the token differ, and those live in device memory) -> one graph launch;
+ * different -> capture a new graph. SPARK_CUDA_GRAPH=0 turns this off.
+ */
+
+void record(cuda_backend *cb, const cmd *c)
+{
+    if (cb->nq == cb->qcap) {
+        size_t ncap = cb->qcap ? 2 * cb->qcap : 1024;
+        cmd *nq = (cmd *)realloc(cb->q, ncap * sizeof *nq);
+        if (!nq) cuda_fatal("realloc", "out of host memory for the command queue", __FILE__, __LINE__);
+        cb->q = nq;
+        cb->qcap = ncap;
+    }
+    memcpy(&cb->q[cb->nq++], c, sizeof *c);
+}
+
+
+/* ---- fusion of a recorded decode step --------------------------------------- */
+/*
+ * The forward pass issues a layer as ~16 small ops; a recorded single-token
+ * step is rewritten here into fewer launches, by patterns that check every
+ * buffer they rely on (anything that does not match runs as recorded):
+ *
+ *   rmsnorm(xn <- x); matmul(a <- xn); [matmul(b <- xn); [gelu_mul(a, b)]]
+ *       -> one fgemv: the norm in its x load, block 0 still writing xn;
+ *          two matmuls as two row segments of one launch (qkv + gate), or
+ *          as a gate/up pair with the GELU-mul in the epilogue (ffn);
+ *   matmul(p <- a); add(x += p)      -> one fgemv writing p and x += p;
+ *   rope(q); rope(k); attention; kv_store
+ *       -> rope_kv (rope both, store k/v), then attention: the store moves
+ *          before the attention, safe because the slot of the current
+ *          position is never one the attention reads (rings hold >= window
+ *          slots, full layers >= n_ctx);
+ *   attention; gate_heads(attn, g) -> attention with the gate in its output.
+ *
+ * Every buffer ends the step as the unfused ops leave it (xn, the matmul
+ * outputs, the gated attention, the cache), so nothing downstream can tell.
+ */
+
+bool fg_matmul_ok(const cmd *m)
+{
+    return m->op == OP_MATMUL && m->n == 1 && m->dtype == SPARK_DTYPE_BF16 &&
+           cu_fgemv_ok(m->cols, m->row_bytes, m->w, m->rows);
+}
+
+bool al16(const void *p) { return ((uintptr_t)p % 16) == 0; }
+
+void fq_push(cuda_backend *cb, const cmd *c)
+{
+    if (cb->nfq == cb->fqcap) {
+        size_t ncap = cb->fqcap ? 2 * cb->fqcap : 1024;
+        cmd *nq = (cmd *)realloc(cb->fq, ncap * sizeof *nq);
+        if (!nq) cuda_fatal("realloc", "out of host memory for the fused command queue", __FILE__, __LINE__);
+        cb->fq = nq;
+        cb->fqcap = ncap;
+    }
+    cb->fq[cb->nfq++] = *c;
+}
+
+/* Instruments that cost a launch each are folded into the fused GEMV next
+ * to them, where the GEMV does their work exactly: a phase timestamp just
+ * before a GEMV becomes that GEMV's first act (after its dependency wait,
+ * the moment the stamp kernel would have run), and a steering `add` right
+ * after a GEMV's residual add joins its epilogue (same float operations as
+ * steer_kernel). Every other instrument keeps its own kernel. */
+void fold_hooks(cuda_backend *cb)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < cb->nfq; i++) {
+        cmd *c = &cb->fq[i];
+        cmd *next = i + 1 < cb->nfq ? &cb->fq[i + 1] : NULL;
+        if (c->op == OP_HOOK && c->hk.kind == CU_HOOK_STAMP && next && next->op == OP_FGEMV && !next->fg.stamps) {
+            next->fg.stamps = c->hk.stamps;
+            next->fg.stamp_phase = c->hk.phase;
+            continue;
+        }
+        if (c->op == OP_HOOK && c->hk.kind == CU_HOOK_STEER && c->hk.mode == SPARK_STEER_ADD && c->hk.n == 1 && w > 0) {
+            cmd *prev = &cb->fq[w - 1];
+            if (prev->op == OP_FGEMV && !prev->fg.pair && prev->fg.resid == c->hk.x && !prev->fg.steer_dir &&
+                prev->fg.rows1 == 0 && prev->fg.rows0 == c->hk.dim) {
+                prev->fg.steer_dir = c->hk.dir;
+                prev->fg.steer_alpha = c->hk.strength;
+                continue;
+            }
+        }
+        if (w != i) cb->fq[w] = *c;
+        w++;
+    }
+    cb->nfq = w;
+}
+
+/* The rope angles of a step depend on the position and the layer's class
+ * only, so each class's cos / sin (double, as the kernels computed them)
+ * come from one kernel at the step's start; the rope_kv commands read them.
+ * Classes past ROPE_TABLES keep computing their own. */
+void rope_tables(cuda_backend *cb)
+{
+    if (!cb->ropetab) return;
+    double theta[ROPE_TABLES];
+    int rot[ROPE_TABLES], nt = 0;
+    for (size_t i = 0; i < cb->nfq; i++) {
+        cmd *c = &cb->fq[i];
+        if (c->op != OP_ROPEKV || c->rot_dims < 2) continue;
+        int k = 0;
+        while (k < nt && !(theta[k] == c->theta && rot[k] == c->rot_dims)) k++;
+        if (k == nt) {
+            if (nt == ROPE_TABLES) continue;
+            theta[nt] = c->theta;
+            rot[nt++] = c->rot_dims;
+        }
+        c->y = cb->ropetab + (size_t)k * CUDA_MAX_HEAD_DIM;
+    }
+    if (!nt) return;
+    for (int k = 0; k < nt; k++) { /* room at the front */
+        cmd t = new_cmd(OP_ROPETAB, 1);
+        t.out = cb->ropetab + (size_t)k * CUDA_MAX_HEAD_DIM;
+        t.rot_dims = rot[k];
+        t.theta = theta[k];
+        fq_push(cb, &t);
+    }
+    cmd *tabs = (cmd *)malloc((size_t)nt * sizeof *tabs);
+    if (!tabs) cuda_fatal("malloc", "out of host memory for the rope tables", __FILE__, __LINE__);
+    memcpy(tabs, cb->fq + cb->nfq - nt, (size_t)nt * sizeof *tabs);
+    memmove(cb->fq + nt, cb->fq, (cb->nfq - nt) * sizeof *cb->fq);
+    memcpy(cb->fq, tabs, (size_t)nt * sizeof *tabs);
+    free(tabs);
+}
+
+void fuse(cuda_backend *cb)
+{
+    const cmd *q = cb->q;
+    const size_t n = cb->nq;
+    cb->nfq = 0;
+    size_t i = 0;
+    while (i < n) {
+        const cmd *c = &q[i];
+        /* rmsnorm + matmul(s) [+ gelu_mul] */
+        if (c->op == OP_RMSNORM && c->n == 1 && i + 1 < n && fg_matmul_ok(&q[i + 1]) && q[i + 1].x == c->out &&
+            q[i + 1].cols == c->cols && al16(c->x) && al16(c->y) && al16(c->out) && c->cols % 4 == 0 &&
+            c->out != c->x && q[i + 1].out != c->x) {
+            /* (no output may be the input x: blocks load x at different times) */
+            const cmd *m1 = &q[i + 1];
+            cmd f = new_cmd(OP_FGEMV, 1);
+            cu_fgemv_args *a = &f.fg;
+            a->x = c->x;
+            a->nw = c->y;
+            a->eps = c->eps;
+            a->xn = c->out;
+            a->w0 = m1->w;
+            a->out0 = m1->out;
+            a->rows0 = m1->rows;
+            a->row_bytes = m1->row_bytes;
+            a->cols = (int)m1->cols;
+            size_t used = 2;
+            const cmd *m2 = i + 2 < n ? &q[i + 2] : NULL;
+            if (m2 && fg_matmul_ok(m2) && m2->x == c->out && m2->cols == m1->cols && m2->row_bytes == m1->row_bytes &&
+                m2->out != m1->out && m2->out != c->x) {
+                const cmd *g = i + 3 < n ? &q[i + 3] : NULL;
+                if (g && g->op == OP_GELU && g->out == m1->out && g->x == m2->out && g->count == m1->rows &&
+                    m2->rows == m1->rows) {
+                    a->pair = 1;
+                    a->w1 = m2->w;
+                    a->out1 = m2->out;
+                    a->rows1 = m2->rows;
+                    used = 4;
+                } else if (m1->rows + m2->rows < ((int64_t)1 << 31)) {
+                    a->w1 = m2->w;
+                    a->out1 = m2->out;
+                    a->rows1 = m2->rows;
+                    used = 3;
+                }
+            }
+            fq_push(cb, &f);
+            i += used;
+            continue;
+        }
+        /* matmul + residual add */
+        if (fg_matmul_ok(c) && al16(c->x) && i + 1 < n && q[i + 1].op == OP_ADD && q[i + 1].x == c->out &&
+            q[i + 1].count == c->rows && q[i + 1].out != c->x && q[i + 1].out != c->out && c->out != c->x) {
+            cmd f = new_cmd(OP_FGEMV, 1);
+            cu_fgemv_args *a = &f.fg;
+            a->x = c->x;
+            a->w0 = c->w;
+            a->out0 = c->out;
+            a->resid = q[i + 1].out;
+            a->rows0 = c->rows;
+            a->row_bytes = c->row_bytes;
+            a->cols = (int)c->cols;
+            fq_push(cb, &f);
+            i += 2;
+            continue;
+        }
+        /* rope q + rope k + attention + kv store [+ gate] */
+        if (c->op == OP_ROPE && c->n == 1 && i + 3 < n && q[i + 1].op == OP_ROPE && q[i + 2].op == OP_ATTN &&
+            q[i + 3].op == OP_KV) {
+            const cmd *r2 = &q[i + 1], *at = &q[i + 2], *kv = &q[i + 3];
+            const cu_attn_args *aa = &at->attn;
+            const int64_t q_dim = (int64_t)aa->n_head * aa->head_dim;
+            bool ok = aa->n == 1 && r2->n == 1 && kv->n == 1 && c->out == aa->qkv && c->heads == aa->n_head &&
+                      c->head_dim == aa->head_dim && c->stride == aa->qkv_stride && r2->out == aa->qkv + q_dim &&
+                      r2->heads == aa->n_head_kv && r2->head_dim == aa->head_dim && r2->rot_dims == c->rot_dims &&
+                      r2->theta == c->theta && r2->stride == aa->qkv_stride && kv->x == aa->qkv &&
+                      kv->k == aa->kc && kv->v == aa->vc && kv->slots == aa->slots && kv->heads == aa->n_head &&
+                      kv->rows == aa->n_head_kv && kv->head_dim == aa->head_dim && kv->stride == aa->qkv_stride &&
+                      (aa->window == 0 || aa->slots >= aa->window) && c->rot_dims <= aa->head_dim &&
+                      aa->head_dim <= 1024;
+            if (ok) {
+                cmd f = new_cmd(OP_ROPEKV, 1);
+                f.out = c->out;
+                f.heads = aa->n_head;
+                f.rows = aa->n_head_kv;
+                f.head_dim = aa->head_dim;
+                f.rot_dims = c->rot_dims;
+                f.theta = c->theta;
+                f.k = kv->k;
+                f.v = kv->v;
+                f.slots = aa->slots;
+                fq_push(cb, &f);
+                cmd a2 = *at;
+                size_t used = 4;
+                const cmd *g = i + 4 < n ? &q[i + 4] : NULL;
+                if (g && g->op == OP_GATE && g->n == 1 && g->out == aa->out && g->heads == aa->n_head &&
+                    g->head_dim == aa->head_dim) {
+                    a2.attn.gate = g->x;
+                    used = 5;
+                }
+                fq_push(cb, &a2);
+                i += used;
+                continue;
+            }
+        }
+        /* attention + gate */
+        if (c->op == OP_ATTN && c->attn.n == 1 && i + 1 < n && q[i + 1].op == OP_GATE && q[i + 1].n == 1 &&
+            q[i + 1].out == c->attn.out && q[i + 1].heads == c->attn.n_head && q[i + 1].head_dim == c->attn.head_dim) {
+            cmd a2 = *c;
+            a2.attn.gate = q[i + 1].x;
+            fq_push(cb, &a2);
+            i += 2;
+            continue;
+        }
+        fq_push(cb, c);
+        i++;
+    }
+    fold_hooks(cb);
+    rope_tables(cb);
+    cb->fused = (long)n - (long)cb->nfq;
+}
+
+/* Capture the recorded step (fused when the fast path is on) as a graph. */
+bool capture(cuda_backend *cb)
+{
+    cudaGraph_t g = NULL;
+    if (cudaStreamBeginCapture(cb->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    const cmd *list = cb->q;
+    size_t count = cb->nq;
+    if (cb->fast && cb->fuse_on) {
+        fuse(cb);
+        list = cb->fq;
+        count = cb->nfq;
+    }
+    cb->pdl_now = cb->pdl_on;
+    for (size_t i = 0; i < count; i++) run_cmd(cb, &list[i]);
+    cb->pdl_now = 0;
+    cudaError_t e = cudaStreamEndCapture(cb->st, &g);
+    if (e == cudaSuccess && g) e = cudaGraphInstantiate(&cb->exec, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (e != cudaSuccess || !cb->exec) {
+        cudaGetLastError();
+        cb->exec = NULL;
+        return false;
+    }
+    cmd *copy = (cmd *)realloc(cb->gq, cb->nq * sizeof *copy);
+    if (!copy) cuda_fatal("realloc", "out of host memory for the graph's commands", __FILE__, __LINE__);
+    memcpy(copy, cb->q, cb->nq * sizeof *copy);
+    cb->gq = copy;
+    cb->ngq = cb->nq;
+    return true;
+}
+
+/* The fused step as the persistent kernel's phases: embed, then per layer
+ * GEMV (norm + qkv + gate), ATTN (rope_kv + attention), GEMV (out + add),
+ * GEMV (norm + gate/up pair), GEMV (down + add), then the head's GEMV.
+ * NULL when any command is of another kind. */
+cu_mega *mega_build(cuda_backend *cb)
+{
+    fuse(cb);
+    cu_mk_phase *ph = (cu_mk_phase *)calloc(cb->nfq ? cb->nfq : 1, sizeof *ph);
+    if (!ph) return NULL;
+    int np = 0;
+    bool ok = true;
+    for (size_t i = 0; i < cb->nfq && ok; i++) {
+        const cmd *c = &cb->fq[i];
+        if (c->op == OP_ROPETAB) continue; /* the persistent kernel computes its angles itself */
+        cu_mk_phase *p = &ph[np++];
+        if (c->op == OP_EMBED && c->n == 1) {
+            p->kind = CU_MK_EMBED;
+            p->dtype = c->dtype;
+            p->table = c->w;
+            p->cols = c->cols;
+            p->row_bytes = c->row_bytes;
+            p->out = c->out;
+        } else if (c->op == OP_FGEMV) {
+            p->kind = CU_MK_GEMV;
+            p->dtype = SPARK_DTYPE_BF16; /* fuse() makes OP_FGEMV of bf16 matrices only */
+            p->fg = c->fg;
+        } else if (c->op == OP_ROPEKV && i + 1 < cb->nfq && cb->fq[i + 1].op == OP_ATTN &&
+                   cb->fq[i + 1].attn.qkv == c->out && cb->fq[i + 1].attn.kc == c->k &&
+                   cb->fq[i + 1].attn.vc == c->v && cb->fq[i + 1].attn.slots == c->slots && !cb->fq[i + 1].attn.flash) {
+            p->kind = CU_MK_ATTN;
+            p->at = cb->fq[i + 1].attn;
+            p->rot_dims = c->rot_dims;
+            p->theta = c->theta;
+            i++;
+        } else {
+            ok = false;
+        }
+    }
+    cu_mega *mk = ok ? cu_mega_create(ph, np, cb->sms, cb->d_pos, cb->ids) : NULL;
+    free(ph);
+    return mk;
+}
+
+/* The recorded step as one persistent-kernel launch, if it takes it. */
+bool mega_run(cuda_backend *cb)
+{
+    bool same = cb->mq_valid && cb->nmq == cb->nq && !memcmp(cb->mq, cb->q, cb->nq * sizeof *cb->q);
+    if (!same) {
+        cu_mega_destroy(cb->mk);
+        cb->mk = mega_build(cb);
+        cmd *copy = (cmd *)realloc(cb->mq, cb->nq * sizeof *copy);
+        if (!copy) cuda_fatal("realloc", "out of host memory for the step's commands", __FILE__, __LINE__);
+        memcpy(copy, cb->q, cb->nq * sizeof *copy);
+        cb->mq = copy;
+        cb->nmq = cb->nq;
+        cb->mq_valid = 1;
+    }
+    if (!cb->mk) return false;
+    CK(cu_mega_launch(cb->mk, cb->st));
+    cb->mega_runs++;
+    return true;
+}
+
+/* Run the recorded step, if any. */
+void flush(cuda_backend *cb)
+{
+    if (!cb->recording) return;
+    cb->recording = 0;
+    CK(cu_set_i64(cb->st, cb->d_pos, cb->step_pos));
+    cb->pos_set = 1;
+    cb->pos_host = cb->step_pos;
+    CK(cu_set_i32(cb->st, cb->ids, cb->step_id));
+    if (cb->mega_on && mega_run(cb)) return;
+    bool same = cb->exec && cb->ngq == cb->nq && !memcmp(cb->gq, cb->q, cb->nq * sizeof *cb->q);
+    if (!same) {
+        if (cb->exec) cudaGraphExecDestroy(cb->exec);
+        cb->exec = NULL;
+        cb->captures++;
+        bool ok = capture(cb);
+        if (!ok && cb->pdl_on) { /* programmatic launches not capturable here: without them */
+            cb->pdl_on = 0;
+            ok = capture(cb);
+        }
+        if (!ok) { /* not capturable here: run it as it is, and stop trying */
+            cb->graphs = 0;
+            for (size_t i = 0; i < cb->nq; i++) run_cmd(cb, &cb->q[i]);
+            return;
+        }
+    }
+    CK(cudaGraphLaunch(cb->exec, cb->st));
+    cb->replays++;
+}
+
+/* A command from an op: recorded inside a single-token step, else launched. */
+void submit(cuda_backend *cb, const cmd *c)
+{
+    if (cb->recording && c->n == 1) {
+        record(cb, c);
+        return;
+    }
+    flush(cb);
+    run_cmd(cb, c);
+}
+
+/* The position kernels read from cb->d_pos: the step's, or set now. */
+void set_pos(cuda_backend *cb, int64_t pos0)
+{
+    if (cb->recording) {
+        cb->step_pos = pos0;
+        return;
+    }
+    if (cb->pos_set && cb->pos_host == pos0) return;
+    CK(cu_set_i64(cb->st, cb->d_pos, pos0));
+    cb->pos_set = 1;
+    cb->pos_host = pos0;
+}
+
+} // namespace spark_cuda

@@ -1,0 +1,148 @@
+/*
+ * cuda_state.h — the CUDA backend's state and its command records, shared by
+ * cuda_backend.cu (memory, the resident weights, the op table, creation)
+ * and cuda_graph.cu (single-token steps recorded, fused and replayed as one
+ * CUDA graph, or handed to the persistent kernel). C++ only; the C side of
+ * spark.c sees cuda_backend.h alone.
+ */
+#ifndef SPARK_BACKEND_CUDA_STATE_H
+#define SPARK_BACKEND_CUDA_STATE_H
+
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+
+#include "base/error.h"
+#include "io/dtype.h"
+}
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_kv.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+namespace spark_cuda {
+
+constexpr size_t PANEL_BYTES = (size_t)128 << 20; /* decoded weight rows per cuBLAS call */
+constexpr int ROPE_TABLES = 4;                    /* rope classes with a per-step angle table (rope_tables) */
+constexpr int SPLIT_MIN_KEYS = 32;                /* a key split below this is not worth a block (bench/cuda_runs.md run 7) */
+
+struct dev_entry {
+    const void *host;
+    void *dev;
+};
+
+struct cmd;
+
+struct cuda_backend {
+    backend base;
+    int device, sms;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    dev_entry *tab; /* open addressing on the host pointer */
+    size_t cap, used;
+    uint64_t weight_bytes;
+    int32_t *ids;   /* (ids_cap) token ids of the current embed */
+    size_t ids_bytes;
+    float *ws;      /* attention split partials */
+    size_t ws_bytes;
+    uint8_t *kvstage; /* a coded cache's chunk rows, encoded (cuda_kv.cu) */
+    size_t kvstage_bytes;
+    void *bf;       /* activations as a bf16 pair (hi, then lo), for cuBLAS */
+    size_t bf_bytes;
+    float *panel;   /* decoded weight rows, for cuBLAS */
+    size_t panel_bytes;
+    int64_t *d_pos;  /* position of the current chunk's first token */
+    int64_t pos_host; /* what d_pos holds (when pos_set) */
+    int pos_set;
+    /* decode-step graphs (see flush) */
+    int graphs, recording;
+    int64_t step_pos;
+    int32_t step_id;
+    cmd *q, *gq;     /* the step being recorded; the one `exec` was captured from */
+    size_t nq, qcap, ngq;
+    cudaGraphExec_t exec;
+    long captures, replays;
+    /* the fast decode path (SPARK_CUDA_FAST, default on): fgemv for single
+     * tokens, and recorded steps rewritten into fused commands (fuse) and
+     * captured with programmatic dependent launches (pdl) */
+    int fast, fuse_on, pdl_on;
+    float *ropetab;  /* ROPE_TABLES x 2 x CUDA_MAX_HEAD_DIM / 2: cos / sin per rope class (rope_tables) */
+    int split_keys;  /* attention: a key split covers at least this many keys (SPARK_CUDA_SPLIT_KEYS) */
+    int pdl_early;   /* attention releases its dependents before its wait (SPARK_CUDA_PDL_EARLY=0: not) */
+    int pdl_now;     /* launches now get the PDL attribute (during a capture) */
+    cmd *fq;         /* the fused form of q */
+    size_t nfq, fqcap;
+    long fused;      /* commands the last fusion removed */
+    unsigned long long *stamps; /* phase timing: last stamp + per-phase sums, ns (cuda_stamp) */
+    /* the persistent step kernel (cuda_step.cu, SPARK_CUDA_MEGA=1): a
+     * recorded step it takes runs as one launch */
+    int mega_on;
+    cu_mega *mk;     /* built from mq (NULL: mq was refused, use the graph) */
+    cmd *mq;
+    size_t nmq;
+    int mq_valid;
+    long mega_runs;
+};
+
+inline cuda_backend *cuda_of(backend *be) { return (cuda_backend *)be; }
+
+/* A CUDA failure inside an op: a bug or a dying device; names the call, the
+ * error and the place, and aborts. */
+[[noreturn]] void cuda_fatal(const char *call, const char *err, const char *file, int line);
+
+#define CK(call)                                                                       \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess) cuda_fatal(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+
+#define CKB(call)                                                                      \
+    do {                                                                               \
+        cublasStatus_t s_ = (call);                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS) cuda_fatal(#call, cublasGetStatusString(s_), __FILE__, __LINE__); \
+    } while (0)
+
+
+/* ---- commands: every op, its arguments resolved to device memory ------------- */
+
+enum cmd_op { OP_KVATTN = 100, OP_KVSTORE, /* attention / kv store over a coded (non-f32) cache: cuda_kv.cu */
+              OP_EMBED = 0, OP_RMSNORM, OP_MATMUL, OP_ROPE, OP_ATTN, OP_KV, OP_GATE, OP_GELU, OP_ADD,
+              OP_FGEMV, /* fused: [rmsnorm] + 1-2 matmuls [+ gelu-mul | + residual add] (fg) */
+              OP_ROPEKV, /* fused: rope q, rope k, kv store (before the attention that follows) */
+              OP_HOOK, /* an instrument (cuda_hooks.cu): steering, capture copy, FFN statistics, timestamp */
+              OP_ROPETAB /* fused: a rope class's cos / sin at the step's position, for the rope_kv commands */ };
+
+/* Zero-filled before use, so two commands compare equal bytewise exactly
+ * when they launch the same work (padding included). No field depends on
+ * the position or the token ids: those are read from device memory. */
+struct cmd {
+    int op, n, dtype, heads, head_dim, rot_dims;
+    float eps;
+    double theta;
+    int64_t rows, cols, row_bytes, stride, count, slots;
+    float *out, *k, *v;
+    const float *x, *y;
+    const void *w;
+    const int32_t *ids;
+    cu_attn_args attn;
+    cu_fgemv_args fg;
+    cu_kv_attn_args kva; /* OP_KVATTN, OP_KVSTORE (the cache as kc / vc, slots) */
+    cu_hook_args hk;
+};
+
+/* cuda_backend.cu: a command's launch (into the stream, or into the graph
+ * being captured), and a zero-filled command of an op. */
+void run_cmd(cuda_backend *cb, const cmd *c);
+cmd new_cmd(int op, int n);
+
+/* cuda_graph.cu: run the recorded step (before anything that synchronizes);
+ * an op's command, recorded inside a single-token step or else launched;
+ * the position the kernels read from cb->d_pos (the step's, or set now). */
+void flush(cuda_backend *cb);
+void record(cuda_backend *cb, const cmd *c); /* (the step's first command, from cuda_embed) */
+void submit(cuda_backend *cb, const cmd *c);
+void set_pos(cuda_backend *cb, int64_t pos0);
+
+} // namespace spark_cuda
+
+#endif
