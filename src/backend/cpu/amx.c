@@ -299,12 +299,12 @@ static void probe_task(void *arg, int ith, int nth)
  * each rounded to nearest even (the conversion instruction's rounding;
  * NaN stays NaN): three parts hold all 24 bits of a float32 (to its
  * exponent range). */
-static void split_rows(uint16_t *const *parts, const float *x, int n, int64_t cols, int64_t k_pad)
+static void split_rows(uint16_t *const *parts, const float *x, int n, int n_pad, int64_t cols, int64_t k_pad)
 {
-    for (int t = 0; t < n; t++) {
-        const float *row = x + (int64_t)t * cols;
+    for (int t = 0; t < n_pad; t++) {
+        const float *row = t < n ? x + (int64_t)t * cols : x;
         int64_t c = 0;
-        for (; c + 16 <= cols; c += 16) {
+        for (; t < n && c + 16 <= cols; c += 16) {
             __m512 rest = _mm512_loadu_ps(row + c);
             for (int p = 0; p < PARTS; p++) {
                 const __m256bh b = _mm512_cvtneps_pbh(rest);
@@ -313,8 +313,8 @@ static void split_rows(uint16_t *const *parts, const float *x, int n, int64_t co
                                      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16)));
             }
         }
-        for (; c < cols; c++) {
-            float rest = row[c];
+        for (; c < k_pad; c++) { /* the row's tail, and zeros for the padding (the buffer is reused) */
+            float rest = t < n && c < cols ? row[c] : 0.0f;
             for (int p = 0; p < PARTS; p++) {
                 const uint16_t b = bf16_rne(rest);
                 parts[p][x_at(k_pad, t, c)] = b;
@@ -371,7 +371,7 @@ spark_status cpu_probe_amx_peak(int n_threads, int reps, double *gflop_s)
     return SPARK_OK;
 }
 
-int cpu_amx_matmul(thread_pool *pool, int nth, float *out, const float *x, const weight_ref *w, int n)
+int cpu_amx_matmul(cpu_backend *cb, int nth, float *out, const float *x, const weight_ref *w, int n)
 {
     if (w->dtype != SPARK_DTYPE_BF16 || n < AMX_MIN_TOKENS || !amx_usable()) return 0;
     amx_job j;
@@ -385,17 +385,20 @@ int cpu_amx_matmul(thread_pool *pool, int nth, float *out, const float *x, const
     j.n = n;
     j.n_pad = (n + TB - 1) / TB * TB;
     j.blocks = (w->rows + RB - 1) / RB;
-    const size_t bytes = (size_t)j.n_pad * (size_t)j.k_pad * 2;
-    uint16_t *parts[PARTS];
-    int ok = 1;
-    for (int p = 0; p < PARTS; p++) ok &= (parts[p] = calloc(1, bytes)) != NULL;
-    if (ok) {
-        split_rows(parts, x, n, w->cols, j.k_pad);
-        for (int p = 0; p < PARTS; p++) j.xp[p] = parts[p];
-        pool_run(pool, amx_task, &j, nth);
+    /* the parts live in the backend between calls: a fresh allocation per
+     * product spent a third of the time clearing new pages */
+    const size_t per_part = (size_t)j.n_pad * (size_t)j.k_pad;
+    if (PARTS * per_part > cb->amx_x_cap) {
+        free(cb->amx_x);
+        cb->amx_x = aligned_alloc(64, (PARTS * per_part * 2 + 63) & ~(size_t)63);
+        cb->amx_x_cap = cb->amx_x ? PARTS * per_part : 0;
+        if (!cb->amx_x) return 0; /* the float path needs no extra memory */
     }
-    for (int p = 0; p < PARTS; p++) free(parts[p]);
-    if (!ok) return 0; /* the float path needs no extra memory */
+    uint16_t *parts[PARTS];
+    for (int p = 0; p < PARTS; p++) parts[p] = cb->amx_x + (size_t)p * per_part;
+    split_rows(parts, x, n, j.n_pad, w->cols, j.k_pad);
+    for (int p = 0; p < PARTS; p++) j.xp[p] = parts[p];
+    pool_run(cb->pool, amx_task, &j, nth);
     return !j.failed;
 }
 
@@ -410,9 +413,9 @@ spark_status cpu_probe_amx_peak(int n_threads, int reps, double *gflop_s)
     return SPARK_OK;
 }
 
-int cpu_amx_matmul(thread_pool *pool, int nth, float *out, const float *x, const weight_ref *w, int n)
+int cpu_amx_matmul(cpu_backend *cb, int nth, float *out, const float *x, const weight_ref *w, int n)
 {
-    (void)pool, (void)nth, (void)out, (void)x, (void)w, (void)n;
+    (void)cb, (void)nth, (void)out, (void)x, (void)w, (void)n;
     return 0;
 }
 

@@ -30,6 +30,8 @@ typedef struct cpu_backend {
     size_t panel_cap;    /* floats per thread */
     q8x_block *xq;       /* the activation row in int8 (single-token K-quant GEMV) */
     size_t xq_cap;       /* blocks */
+    uint16_t *amx_x;     /* the activations' bf16 parts for the AMX prefill (amx.c) */
+    size_t amx_x_cap;    /* values */
     rope_table rope[2];
 } cpu_backend;
 
@@ -42,7 +44,7 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
  * returns 0 without writing when it does not apply (other dtype, no AMX,
  * SPARK_AMX=0, no memory), and the caller uses the float path. */
 enum { AMX_MIN_TOKENS = 16 };
-int cpu_amx_matmul(thread_pool *pool, int nth, float *out, const float *x, const weight_ref *w, int n);
+int cpu_amx_matmul(cpu_backend *cb, int nth, float *out, const float *x, const weight_ref *w, int n);
 int cpu_amx_available(void); /* the CPU has AMX-BF16, the kernel grants it and SPARK_AMX is not 0 */
 
 /* The backend's attention op (see backend.h). */
