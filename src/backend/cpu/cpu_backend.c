@@ -60,6 +60,7 @@ static void cpu_destroy(backend *be)
     pool_free(cb->pool);
     free(cb->packed);
     free(cb->xq);
+    free(cb->amx_x);
     if (cb->panel)
         for (int i = 0; i < nth; i++) free(cb->panel[i]);
     free(cb->panel);
