@@ -116,29 +116,52 @@ typedef struct amx_job {
     int failed;
 } amx_job;
 
+/* dst[16 i + o] = src row o's dword i: a 16 x 16 transpose of 32-bit
+ * values in four rounds of in-lane and cross-lane shuffles. */
+static void transpose16(const __m512i a[16], uint32_t *dst)
+{
+    __m512i b[16], c[16], d[16];
+    for (int k = 0; k < 8; k++) {
+        b[2 * k] = _mm512_unpacklo_epi32(a[2 * k], a[2 * k + 1]);
+        b[2 * k + 1] = _mm512_unpackhi_epi32(a[2 * k], a[2 * k + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) { /* c[g + m], lane j: column 4 j + m of rows g..g+3 */
+        c[g] = _mm512_unpacklo_epi64(b[g], b[g + 2]);
+        c[g + 1] = _mm512_unpackhi_epi64(b[g], b[g + 2]);
+        c[g + 2] = _mm512_unpacklo_epi64(b[g + 1], b[g + 3]);
+        c[g + 3] = _mm512_unpackhi_epi64(b[g + 1], b[g + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int m = 0; m < 4; m++) {
+            d[h + m] = _mm512_shuffle_i32x4(c[h + m], c[h + 4 + m], 0x88);     /* columns m, 8 + m */
+            d[h + 4 + m] = _mm512_shuffle_i32x4(c[h + m], c[h + 4 + m], 0xdd); /* columns 4 + m, 12 + m */
+        }
+    for (int m = 0; m < 4; m++) {
+        _mm512_store_si512((__m512i *)(dst + 16 * m), _mm512_shuffle_i32x4(d[m], d[8 + m], 0x88));
+        _mm512_store_si512((__m512i *)(dst + 16 * (8 + m)), _mm512_shuffle_i32x4(d[m], d[8 + m], 0xdd));
+        _mm512_store_si512((__m512i *)(dst + 16 * (4 + m)), _mm512_shuffle_i32x4(d[4 + m], d[12 + m], 0x88));
+        _mm512_store_si512((__m512i *)(dst + 16 * (12 + m)), _mm512_shuffle_i32x4(d[4 + m], d[12 + m], 0xdd));
+    }
+}
+
 /* panel[kk/32][sub][i][o] = the pair (W[r0 + 16 sub + o][k0 + kk + 2i], ...+1)
  * for the RB rows and kc columns of this chunk (zeros past the matrix):
- * each tile row is one gather of a pair from 16 weight rows. Chunks that
- * reach past the last column go pair by pair. */
+ * each 16-row x 32-column piece is 16 row loads and a dword transpose.
+ * Chunks that reach past the last column go pair by pair. */
 static void pack_chunk(uint32_t *panel, const amx_job *j, int64_t r0, int64_t k0, int64_t kc)
 {
     const int64_t steps = kc / 32;
-    const int stride = (int)(j->row_bytes / 2); /* in bf16 values */
     if (k0 + kc <= j->cols && j->row_bytes % 4 == 0) {
-        const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               _mm512_set1_epi32(stride / 2));
         for (int sub = 0; sub < RB / 16; sub++) {
             const int64_t row0 = r0 + 16 * sub;
             const int valid = j->rows - row0 >= 16 ? 16 : (j->rows > row0 ? (int)(j->rows - row0) : 0);
-            const __mmask16 m = (__mmask16)((1u << valid) - 1u);
-            const uint32_t *base = (const uint32_t *)(j->w + (size_t)(valid ? row0 : 0) * j->row_bytes);
+            const uint8_t *base = j->w + (size_t)(valid ? row0 : 0) * j->row_bytes + (size_t)k0 * 2;
             for (int64_t st = 0; st < steps; st++) {
-                uint32_t *dst = panel + ((st * (RB / 16) + sub) * 16) * 16;
-                const uint32_t *col = base + (k0 + 32 * st) / 2;
-                for (int i = 0; i < 16; i++) {
-                    const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, col + i, 4);
-                    _mm512_store_si512((__m512i *)(dst + 16 * i), v);
-                }
+                __m512i a[16];
+                for (int o = 0; o < 16; o++)
+                    a[o] = o < valid ? _mm512_loadu_si512(base + (size_t)o * j->row_bytes + (size_t)st * 64)
+                                     : _mm512_setzero_si512();
+                transpose16(a, panel + ((st * (RB / 16) + sub) * 16) * 16);
             }
         }
         return;
