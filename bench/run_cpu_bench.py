@@ -15,10 +15,15 @@
    types named by --prev-types (default bf16; --prev-p / --prev-n, default
    32 / 8 for a slow old build). --max-load waits for a quiet minute before
    each run, --retries re-runs one another job disturbed.
-4. Prints a markdown section and, with --record, appends it to RESULTS.md.
-Files are deleted at the end unless --keep. llama.cpp is not packaged for
-this Debian release (apt-cache policy llama.cpp: no candidate), so there is
-no side-by-side run with it.
+4. With --llama-bench BIN (a llama.cpp `llama-bench` built elsewhere; none
+   is packaged for this Debian release), runs it right after each row on the
+   same weights: a copy of the file with one key added,
+   tokenizer.ggml.model = "none" (llama.cpp refuses a file without a
+   tokenizer key; llama-bench feeds token ids, so no vocabulary is needed),
+   every tensor byte identical (checked). `-t` threads, `-p`/`-n` the same
+   tests, `--llama-args` extra flags (e.g. "-lm none": read, not mapped).
+5. Prints a markdown section and, with --record, appends it to RESULTS.md.
+Files are deleted at the end unless --keep.
 """
 import argparse
 import datetime
@@ -137,6 +142,67 @@ def bench(spark, model, p, n, threads, reps=1, extra=()):
     return out
 
 
+def llama_copy(path, out):
+    """`path` with tokenizer.ggml.model = "none" added, at `out` (made once)."""
+    import gguf
+    if out.exists():
+        return out
+    r = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(out) + ".part", r.fields["general.architecture"].contents())
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
+    w.add_string("tokenizer.ggml.model", "none")
+    for t in r.tensors:
+        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, int(t.n_bytes), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in r.tensors:
+        w.write_tensor_data(t.data)
+    w.close()
+    r2 = gguf.GGUFReader(str(out) + ".part")
+    src = {t.name: t for t in r.tensors}
+    for t in r2.tensors:  # the same tensors, byte for byte
+        a = np.asarray(t.data).view(np.uint8).ravel()
+        assert np.array_equal(a, np.asarray(src[t.name].data).view(np.uint8).ravel()), t.name
+    os.rename(str(out) + ".part", out)
+    return out
+
+
+def llama_bench(binary, model, p, n, threads, extra=()):
+    """llama-bench's pp and tg t/s (mean over its repetitions) as a dict."""
+    cmd = [binary, "-m", model, "-p", p, "-n", n, "-r", 2, "-o", "json", *extra]
+    if threads:
+        cmd += ["-t", threads]
+    wait_for_quiet()
+    load0 = os.getloadavg()[0]
+    proc = run(cmd, capture_output=True, text=True)
+    out = {"load_before": load0, "load_after": os.getloadavg()[0], "args": " ".join(map(str, cmd[1:]))}
+    for test in json.loads(proc.stdout):
+        key = "pp" if test["n_gen"] == 0 else "tg"
+        out[key + "_tok_s"], out[key + "_sd"] = test["avg_ts"], test["stddev_ts"]
+        out["threads"], out["build"] = test.get("n_threads"), test.get("build_commit", "?")
+    return out
+
+
+def llama_row(label, r, ours):
+    """A row for llama.cpp next to our row `ours` (the same file and probe):
+    decode GB/s = our bytes per token x its t/s; prefill GFLOP/s likewise."""
+    bpt = ours["tg_gb_s"] / ours["tg_tok_s"] if ours["tg_tok_s"] else 0
+    fpt = ours["pp_gflop_s"] / ours["pp_tok_s"] if ours.get("pp_tok_s") else 0
+    pp, tg = r.get("pp_tok_s", 0), r.get("tg_tok_s", 0)
+    gb = bpt * tg
+    return (f"| {label} | {ours['weights_bytes'] / 2**30:.2f} GiB | {r.get('threads')} | "
+            f"pp{ours['pp_tokens']}: {pp:.2f} ± {r.get('pp_sd', 0):.2f} | {fpt * pp:.1f} "
+            f"({100 * fpt * pp / ours['fma_peak_gflop_s']:.0f}% of {ours['fma_peak_gflop_s']:.0f}) | "
+            f"tg{ours['tg_tokens']}: {tg:.3f} ± {r.get('tg_sd', 0):.3f} | {gb:.2f} | {ours['bandwidth_gb_s']:.2f} | "
+            f"**{100 * gb / ours['bandwidth_gb_s']:.1f}%** | llama-bench | "
+            f"{r['load_before']:.2f} / {r['load_after']:.2f} |")
+
+
 def git_commit():
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -154,7 +220,8 @@ def row(label, r):
             f"**{r['floor_pct']:.1f}%** | {r.get('load_mode', 'mmap')} | {r['load_before']:.2f} / {r['load_after']:.2f} |")
 
 
-def section(results, prev, args, gen_s, quant_s):
+def section(results, prev, args, gen_s, quant_s, llama=None):
+    llama = llama or {}
     cpu = results[0][1]["cpu"] if results else "?"
     lines = [f"## CPU backend, 4B-shaped synthetic model ({datetime.date.today().isoformat()})", "",
              f"`python3 bench/run_cpu_bench.py` at commit {git_commit()}. CPU: {cpu}, "
@@ -173,8 +240,17 @@ def section(results, prev, args, gen_s, quant_s):
         lines.append(row(label, r))
         if label in prev:
             lines.append(row(f"{label}, previous build", prev[label]))
-    lines += ["", "llama.cpp: not installable here (`apt-cache policy llama.cpp` has no candidate on Debian 12), "
-                  "so no same-run comparison.", ""]
+        if label in llama:
+            lines.append(llama_row(f"{label}, llama.cpp", llama[label], r))
+    if llama:
+        any_r = next(iter(llama.values()))
+        lines += ["", f"llama.cpp rows: `llama-bench {any_r['args']}` (build {any_r.get('build', '?')}) on a copy of "
+                      "the same file with `tokenizer.ggml.model = \"none\"` added (tensor bytes identical); its "
+                      "decode GB/s and prefill GFLOP/s use our byte and flop counts per token for the same "
+                      "file, and our row's probes.", ""]
+    else:
+        lines += ["", "llama.cpp: none is packaged here (`apt-cache policy llama.cpp`: no candidate on Debian "
+                      "12); pass --llama-bench BIN to put one next to these rows.", ""]
     return "\n".join(lines)
 
 
@@ -196,6 +272,9 @@ def main():
                                                             "many times")
     ap.add_argument("--bench-args", default="", help="extra `spark bench` arguments for the current build "
                                                        "(e.g. --mmap)")
+    ap.add_argument("--llama-bench", help="a llama.cpp llama-bench binary, run on the same weights after each row")
+    ap.add_argument("--llama-types", default="bf16,q8_0,q4_k_m")
+    ap.add_argument("--llama-args", default="", help="extra llama-bench arguments (e.g. '-lm none')")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--record", help="append the section to this markdown file")
     a = ap.parse_args()
@@ -207,7 +286,7 @@ def main():
     gen_s = 0.0
     if not src.exists():
         gen_s = make_bf16_gguf(src)
-    quant_s, results, prev = {}, [], {}
+    quant_s, results, prev, llama = {}, [], {}, {}
     try:
         for t in a.types.split(","):
             path = src if t == "bf16" else d / f"spark-4b-{t}.gguf"
@@ -221,7 +300,12 @@ def main():
             if a.prev and t in a.prev_types.split(","):
                 prev[t] = bench(a.prev, path, a.prev_p, a.prev_n, a.t)
                 print(json.dumps(prev[t]), flush=True)
-        text = section(results, prev, a, gen_s, quant_s)
+            if a.llama_bench and t in a.llama_types.split(","):
+                (d / "llama").mkdir(exist_ok=True)
+                copy = llama_copy(path, d / "llama" / path.name)
+                llama[t] = llama_bench(a.llama_bench, copy, a.p, a.n, a.t, extra=a.llama_args.split())
+                print(json.dumps(llama[t]), flush=True)
+        text = section(results, prev, a, gen_s, quant_s, llama)
         print(text)
         if a.record:
             with open(a.record, "a", encoding="utf-8") as f:
