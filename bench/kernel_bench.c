@@ -4,6 +4,7 @@
  *
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -o /tmp/kernel_bench bench/kernel_bench.c \
  *      build/libspark.a -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -fopenmp
+ *   (a build with nvcc also needs -L/usr/local/cuda/lib64 -lcublas -lcudart -lstdc++)
  *   /tmp/kernel_bench [threads] [tokens] [rows] [cols]      (defaults 1 1 128 2560)
  *
  * Small matrices (rows <= 2048) are timed in cache with the thread's CPU
