@@ -14,6 +14,7 @@
  * Results must be bit-identical with 1 and 2 threads.
  */
 #include "check.h"
+#include "test_random.h"
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/threadpool.h"
@@ -23,14 +24,6 @@
 
 #define AMX_TOL 2e-7
 
-static uint64_t rng = 88172645463325252ull;
-static double uniform(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
 
 static float bf16_to_f(uint16_t b)
 {
@@ -51,8 +44,8 @@ static void check_shape(cpu_backend *cb, int64_t rows, int64_t cols, int n)
 {
     uint16_t *w = malloc((size_t)rows * cols * 2);
     float *x = malloc((size_t)n * cols * 4), *y1 = malloc((size_t)n * rows * 4), *y2 = malloc((size_t)n * rows * 4);
-    for (int64_t i = 0; i < rows * cols; i++) w[i] = f_to_bf16((float)(uniform() * 0.1));
-    for (int64_t i = 0; i < n * cols; i++) x[i] = (float)(uniform() * (1.0 + 3.0 * (i % 5 == 0)));
+    for (int64_t i = 0; i < rows * cols; i++) w[i] = f_to_bf16((float)(uniform_d() * 0.1));
+    for (int64_t i = 0; i < n * cols; i++) x[i] = (float)(uniform_d() * (1.0 + 3.0 * (i % 5 == 0)));
     weight_ref wr = {.name = "test", .dtype = SPARK_DTYPE_BF16, .rows = rows, .cols = cols, .data = w};
     CHECK(cpu_amx_matmul(cb, 1, y1, x, &wr, n));
     CHECK(cpu_amx_matmul(cb, 2, y2, x, &wr, n));

@@ -17,6 +17,7 @@
  * own bound, derived at test_gemv_x8_bound.
  */
 #include "check.h"
+#include "test_random.h"
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/threadpool.h"
@@ -29,18 +30,6 @@
 #define DOT_TOL 2e-6
 
 /* ---- random data ------------------------------------------------------------- */
-
-static uint64_t rng = 88172645463325252ull;
-
-static uint64_t next_u64(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static float uniform(void) { return (float)((double)(next_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
 
 static float gauss(void) { return (uniform() + uniform() + uniform() + uniform()) * 0.866f; }
 
