@@ -66,28 +66,8 @@ if [ "$MODE" = ab ]; then
     for _ in $(seq 240); do [ -f /tmp/models.done ] && break; sleep 1; done
     tee -a "$SUMMARY" <"$OUT/models.log"
     stamp "ab: check (4B shape, 4 layers, 600 tokens; GPU vs CPU per variant)"
-    timeout 150 python3 - >"$OUT/check.log" 2>&1 <<'EOF2'
-import os, subprocess, numpy as np
-spark = os.environ["SPARK_BIN"]
-ids = ",".join(str(i) for i in np.random.default_rng(5).integers(3, 131072, 600))
-def run(out, *extra, env=None):
-    subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ids, "--out", out, "--all", *extra], check=True,
-                   env=dict(os.environ, SPARK_CUDA_VERBOSE="1", **(env or {})))
-    return np.load(out).astype(np.float64)
-def rel(a, b): return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
-cpu = run("/tmp/c.npy")
-pre = run("/tmp/p.npy", "--gpu")
-print(f"check prefill gpu vs cpu: max rel L2 {rel(pre, cpu).max():.3g}", flush=True)
-for name, env in (("fast", {}), ("old (FAST=0)", {"SPARK_CUDA_FAST": "0"}), ("FUSE=0", {"SPARK_CUDA_FUSE": "0"}),
-                  ("PDL=0", {"SPARK_CUDA_PDL": "0"})):
-    try:
-        dec = run("/tmp/d.npy", "--mode", "decode", "--gpu", env=env)
-        e, f = rel(dec, cpu), rel(dec, pre)
-        print(f"check decode {name}: vs cpu max rel L2 {e.max():.3g} (mean {e.mean():.3g}); vs gpu prefill {f.max():.3g}"
-              f"{'  OK' if e.max() <= 1e-3 and np.isfinite(dec).all() else '  FAIL'}", flush=True)
-    except Exception as ex:
-        print(f"check decode {name}: FAILED to run: {ex}", flush=True)
-EOF2
+    timeout 150 python3 bench/decode_check.py /tmp/m4b2 --prefill fast "old (FAST=0):SPARK_CUDA_FAST=0" \
+        FUSE=0:SPARK_CUDA_FUSE=0 PDL=0:SPARK_CUDA_PDL=0 >"$OUT/check.log" 2>&1
     grep -E "^check|graph captures" "$OUT/check.log" | tee -a "$SUMMARY" || tail -20 "$OUT/check.log"
     FASTOK=1
     grep -q "check decode fast:.*OK" "$OUT/check.log" || FASTOK=0

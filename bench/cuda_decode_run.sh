@@ -44,22 +44,7 @@ probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
 
 stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
 for _ in $(seq 120); do [ -f /tmp/m4b2.done ] && break; sleep 1; done
-timeout 150 python3 - 2>&1 <<'EOF2' | tee -a "$SUMMARY"
-import os, subprocess, numpy as np
-spark = os.environ["SPARK_BIN"]
-ids = ",".join(str(i) for i in np.random.default_rng(5).integers(3, 131072, 600))
-def run(out, *extra, env=None):
-    subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ids, "--out", out, "--all", *extra], check=True,
-                   env=dict(os.environ, **(env or {})), capture_output=True)
-    return np.load(out).astype(np.float64)
-def rel(a, b): return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
-cpu = run("/tmp/c.npy")
-for name, env in (("default", {}), ("SPARK_CUDA_PREFETCH=0", {"SPARK_CUDA_PREFETCH": "0"})):
-    dec = run("/tmp/d.npy", "--mode", "decode", "--gpu", env=env)
-    e = rel(dec, cpu)
-    print(f"check4b decode {name}: vs cpu max rel L2 {e.max():.3g} (mean {e.mean():.3g})"
-          f"{'  OK' if e.max() <= 1e-3 and np.isfinite(dec).all() else '  FAIL'}", flush=True)
-EOF2
+timeout 150 python3 bench/decode_check.py /tmp/m4b2 default early-off:SPARK_CUDA_PDL_EARLY=0 2>&1 | tee -a "$SUMMARY"
 
 stamp "decode sweep (36 layers, ctx 4096, 512 prefilled, 256 decoded)"
 for _ in $(seq 300); do [ -f /tmp/m4b.done ] && break; sleep 1; done

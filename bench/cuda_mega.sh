@@ -47,26 +47,8 @@ grep -E "^check|launches|rc mega|rror" "$OUT/check.log" | tee -a "$SUMMARY"
 
 stamp "check: 4B shape, 4 layers, 600 tokens"
 for _ in $(seq 120); do grep -q "m4b2" "$OUT/models.log" 2>/dev/null && break; [ -f /tmp/models.done ] && break; sleep 1; done
-timeout 150 python3 - >>"$OUT/check.log" 2>&1 <<'EOF2'
-import os, subprocess, numpy as np
-spark = os.environ["SPARK_BIN"]
-ids = ",".join(str(i) for i in np.random.default_rng(5).integers(3, 131072, 600))
-def run(out, *extra, env=None):
-    subprocess.run([spark, "logits", "/tmp/m4b2", "--ids", ids, "--out", out, "--all", *extra], check=True,
-                   env=dict(os.environ, SPARK_CUDA_VERBOSE="1", **(env or {})))
-    return np.load(out).astype(np.float64)
-def rel(a, b): return np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
-cpu = run("/tmp/c.npy")
-for name, env in (("mega", {}), ("graph (MEGA=0)", {"SPARK_CUDA_MEGA": "0"})):
-    try:
-        dec = run("/tmp/d.npy", "--mode", "decode", "--gpu", env=env)
-        e = rel(dec, cpu)
-        print(f"check4b decode {name}: vs cpu max rel L2 {e.max():.3g} (mean {e.mean():.3g})"
-              f"{'  OK' if e.max() <= 1e-3 and np.isfinite(dec).all() else '  FAIL'}", flush=True)
-    except Exception as ex:
-        print(f"check4b decode {name}: FAILED to run: {ex}", flush=True)
-EOF2
-grep -E "^check4b|launches" "$OUT/check.log" | tail -4 | tee -a "$SUMMARY"
+timeout 150 python3 bench/decode_check.py /tmp/m4b2 mega "graph (MEGA=0):SPARK_CUDA_MEGA=0" >>"$OUT/check.log" 2>&1
+grep -E "^check decode|launches" "$OUT/check.log" | tail -4 | tee -a "$SUMMARY"
 note "-- profile, 4 layers (block 0; SPARK_CUDA_MEGA_PROF=2), ctx ~600:"
 SPARK_CUDA_MEGA_PROF=2 timeout 60 $SPARK logits /tmp/m4b2 --ids $(python3 -c "print(','.join(str(i) for i in range(3, 603)))") \
     --mode decode --gpu --ctx 4096 --out /tmp/p.npy 2>&1 | grep "spark:" | tee -a "$SUMMARY"
