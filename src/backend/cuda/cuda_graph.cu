@@ -24,16 +24,22 @@ namespace spark_cuda {
  * different -> capture a new graph. SPARK_CUDA_GRAPH=0 turns this off.
  */
 
+/* Append c to a growable command array (*q, *n of *cap). */
+void push_cmd(cmd **q, size_t *n, size_t *cap, const cmd *c, const char *what)
+{
+    if (*n == *cap) {
+        size_t ncap = *cap ? 2 * *cap : 1024;
+        cmd *nq = (cmd *)realloc(*q, ncap * sizeof *nq);
+        if (!nq) cuda_fatal("realloc", what, __FILE__, __LINE__);
+        *q = nq;
+        *cap = ncap;
+    }
+    memcpy(&(*q)[(*n)++], c, sizeof *c);
+}
+
 void record(cuda_backend *cb, const cmd *c)
 {
-    if (cb->nq == cb->qcap) {
-        size_t ncap = cb->qcap ? 2 * cb->qcap : 1024;
-        cmd *nq = (cmd *)realloc(cb->q, ncap * sizeof *nq);
-        if (!nq) cuda_fatal("realloc", "out of host memory for the command queue", __FILE__, __LINE__);
-        cb->q = nq;
-        cb->qcap = ncap;
-    }
-    memcpy(&cb->q[cb->nq++], c, sizeof *c);
+    push_cmd(&cb->q, &cb->nq, &cb->qcap, c, "out of host memory for the command queue");
 }
 
 
@@ -69,14 +75,7 @@ bool al16(const void *p) { return ((uintptr_t)p % 16) == 0; }
 
 void fq_push(cuda_backend *cb, const cmd *c)
 {
-    if (cb->nfq == cb->fqcap) {
-        size_t ncap = cb->fqcap ? 2 * cb->fqcap : 1024;
-        cmd *nq = (cmd *)realloc(cb->fq, ncap * sizeof *nq);
-        if (!nq) cuda_fatal("realloc", "out of host memory for the fused command queue", __FILE__, __LINE__);
-        cb->fq = nq;
-        cb->fqcap = ncap;
-    }
-    cb->fq[cb->nfq++] = *c;
+    push_cmd(&cb->fq, &cb->nfq, &cb->fqcap, c, "out of host memory for the fused command queue");
 }
 
 /* Instruments that cost a launch each are folded into the fused GEMV next
@@ -133,19 +132,15 @@ void rope_tables(cuda_backend *cb)
         c->y = cb->ropetab + (size_t)k * CUDA_MAX_HEAD_DIM;
     }
     if (!nt) return;
-    for (int k = 0; k < nt; k++) { /* room at the front */
-        cmd t = new_cmd(OP_ROPETAB, 1);
+    cmd t = new_cmd(OP_ROPETAB, 1);
+    for (int k = 0; k < nt; k++) fq_push(cb, &t); /* room for nt more; then they go to the front */
+    memmove(cb->fq + nt, cb->fq, (cb->nfq - nt) * sizeof *cb->fq);
+    for (int k = 0; k < nt; k++) {
         t.out = cb->ropetab + (size_t)k * CUDA_MAX_HEAD_DIM;
         t.rot_dims = rot[k];
         t.theta = theta[k];
-        fq_push(cb, &t);
+        cb->fq[k] = t;
     }
-    cmd *tabs = (cmd *)malloc((size_t)nt * sizeof *tabs);
-    if (!tabs) cuda_fatal("malloc", "out of host memory for the rope tables", __FILE__, __LINE__);
-    memcpy(tabs, cb->fq + cb->nfq - nt, (size_t)nt * sizeof *tabs);
-    memmove(cb->fq + nt, cb->fq, (cb->nfq - nt) * sizeof *cb->fq);
-    memcpy(cb->fq, tabs, (size_t)nt * sizeof *tabs);
-    free(tabs);
 }
 
 void fuse(cuda_backend *cb)
