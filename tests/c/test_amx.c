@@ -18,6 +18,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/threadpool.h"
+#include "io/dtype.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,26 +26,11 @@
 #define AMX_TOL 2e-7
 
 
-static float bf16_to_f(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 static void check_shape(cpu_backend *cb, int64_t rows, int64_t cols, int n)
 {
     uint16_t *w = malloc((size_t)rows * cols * 2);
     float *x = malloc((size_t)n * cols * 4), *y1 = malloc((size_t)n * rows * 4), *y2 = malloc((size_t)n * rows * 4);
-    for (int64_t i = 0; i < rows * cols; i++) w[i] = f_to_bf16((float)(uniform_d() * 0.1));
+    for (int64_t i = 0; i < rows * cols; i++) w[i] = f32_to_bf16((float)(uniform_d() * 0.1));
     for (int64_t i = 0; i < n * cols; i++) x[i] = (float)(uniform_d() * (1.0 + 3.0 * (i % 5 == 0)));
     weight_ref wr = {.name = "test", .dtype = SPARK_DTYPE_BF16, .rows = rows, .cols = cols, .data = w};
     CHECK(cpu_amx_matmul(cb, 1, y1, x, &wr, n));
@@ -56,8 +42,8 @@ static void check_shape(cpu_backend *cb, int64_t rows, int64_t cols, int n)
         for (int64_t r = 0; r < rows; r++) {
             double s = 0, a = 0, h = 0, h2 = 0;
             for (int64_t c = 0; c < cols; c++) {
-                const double wv = bf16_to_f(w[r * cols + c]), xv = x[(int64_t)t * cols + c];
-                const float x0 = bf16_to_f(f_to_bf16((float)xv)), x1 = bf16_to_f(f_to_bf16((float)xv - x0));
+                const double wv = bf16_to_f32(w[r * cols + c]), xv = x[(int64_t)t * cols + c];
+                const float x0 = bf16_to_f32(f32_to_bf16((float)xv)), x1 = bf16_to_f32(f32_to_bf16((float)xv - x0));
                 s += wv * xv;
                 a += fabs(wv * xv);
                 h += wv * x0;

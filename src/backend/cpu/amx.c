@@ -24,6 +24,7 @@
  */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/probe.h"
+#include "io/dtype.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -48,15 +49,9 @@
 #endif
 #include <immintrin.h>
 
-#ifndef AMX_RB
-#define AMX_RB 256
-#endif
-#ifndef AMX_KC
-#define AMX_KC 1024
-#endif
 enum {
-    RB = AMX_RB, /* weight rows per packed block (a thread's unit of work) */
-    KC = AMX_KC, /* columns per packed chunk: RB x KC bf16 = 512 KB, in L2 */
+    RB = 256,   /* weight rows per packed block (a thread's unit of work; 128-1024 rows x 256-2048 columns were tried) */
+    KC = 1024,  /* columns per packed chunk: RB x KC bf16 = 512 KB, in L2 */
     TB = 32,    /* tokens per A block (two 16-row tiles) */
     PARTS = 3,  /* bf16 terms of each activation: 24 significant bits, float32's */
 };
@@ -86,22 +81,6 @@ static void tiles_configure(void)
         c.colsb[i] = 64;
     }
     _tile_loadconfig(&c);
-}
-
-static uint16_t bf16_rne(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static float bf16_f(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 typedef struct amx_job {
@@ -339,9 +318,9 @@ static void split_rows(uint16_t *const *parts, const float *x, int n, int n_pad,
         for (; c < k_pad; c++) { /* the row's tail, and zeros for the padding (the buffer is reused) */
             float rest = t < n && c < cols ? row[c] : 0.0f;
             for (int p = 0; p < PARTS; p++) {
-                const uint16_t b = bf16_rne(rest);
+                const uint16_t b = f32_to_bf16(rest);
                 parts[p][x_at(k_pad, t, c)] = b;
-                rest -= bf16_f(b);
+                rest -= bf16_to_f32(b);
             }
         }
     }

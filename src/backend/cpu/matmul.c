@@ -183,7 +183,7 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
                     .row_bytes = (size_t)dtype_row_bytes(w->dtype, (uint64_t)w->cols)};
     int nth = pool_size(cb->pool);
     if ((uint64_t)j.row_bytes * (uint64_t)w->rows < SERIAL_BYTES) nth = 1;
-    if (n >= AMX_MIN_TOKENS && cpu_amx_matmul(cb, nth, out, x, w, n)) return;
+    if (cpu_amx_matmul(cb, nth, out, x, w, n)) return; /* bf16 weights, enough tokens, AMX here */
     if (n >= GEMM_MIN_TOKENS) {
         int tw = cb->k.gemm_tokens, tr = cb->k.gemm_rows;
         j.block_rows = (int64_t)tr * BLOCK_TILES;
