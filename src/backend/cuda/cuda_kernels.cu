@@ -311,6 +311,16 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
+/* cos, sin of pair j's angle at position pos (half = R / 2 pairs rotated):
+ * theta^(-2j/R) and the angle in double, as the CPU backend computes them. */
+__device__ __forceinline__ void rope_cos_sin(int64_t pos, int j, int half, double theta, float *c, float *s)
+{
+    const double inv_freq = pow(theta, -2.0 * j / (2.0 * half)); /* divisor: the rotary width R */
+    const double angle = (double)pos * inv_freq;
+    *c = (float)cos(angle);
+    *s = (float)sin(angle);
+}
+
 /* One thread per (token, rotated pair): the angle is computed once, in
  * double as on the CPU, and applied to every head of the row. */
 __global__ void rope_kernel(float *x, int n, int64_t stride, int n_heads, int head_dim, const int64_t *pos, int half,
@@ -320,9 +330,8 @@ __global__ void rope_kernel(float *x, int n, int64_t stride, int n_heads, int he
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)n * half) return;
     int t = (int)(i / half), j = (int)(i % half);
-    double inv_freq = pow(theta, -2.0 * j / (2.0 * half)); /* divisor: the rotary width R */
-    double angle = (double)(pos0 + t) * inv_freq;
-    float c = (float)cos(angle), s = (float)sin(angle);
+    float c, s;
+    rope_cos_sin(pos0 + t, j, half, theta, &c, &s);
     float *row = x + (int64_t)t * stride;
     for (int h = 0; h < n_heads; h++) {
         float *v = row + (int64_t)h * head_dim;
@@ -757,12 +766,7 @@ __global__ void rope_table_kernel(float *tab, const int64_t *pos, int half, doub
 {
     pdl_wait();
     pdl_release();
-    for (int t = threadIdx.x; t < half; t += blockDim.x) {
-        double inv_freq = pow(theta, -2.0 * t / (2.0 * half));
-        double angle = (double)*pos * inv_freq;
-        tab[t] = (float)cos(angle);
-        tab[half + t] = (float)sin(angle);
-    }
+    for (int t = threadIdx.x; t < half; t += blockDim.x) rope_cos_sin(*pos, t, half, theta, &tab[t], &tab[half + t]);
 }
 
 __global__ void rope_kv_kernel(float *qkv, int n_q, int n_kv, int D, const int64_t *pos, int half, double theta,
@@ -784,10 +788,7 @@ __global__ void rope_kv_kernel(float *qkv, int n_q, int n_kv, int D, const int64
                 c = tab[t];
                 s = tab[half + t];
             } else {
-                double inv_freq = pow(theta, -2.0 * t / (2.0 * half));
-                double angle = (double)pos0 * inv_freq;
-                c = (float)cos(angle);
-                s = (float)sin(angle);
+                rope_cos_sin(pos0, t, half, theta, &c, &s);
             }
             float x0 = v[t], x1 = v[t + half];
             float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
