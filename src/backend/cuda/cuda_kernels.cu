@@ -11,6 +11,7 @@
  * activations and accumulation, rope angles in double, exact erf GELU.
  */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_device.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,18 +21,9 @@
 #include <string.h>
 #include <type_traits>
 
+using namespace spark_dev;
+
 namespace {
-
-constexpr int WARP = 32;
-
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 
 /* Programmatic dependent launch (sm_90): `pdl_wait` blocks until the kernels
  * this one depends on have finished and their writes are visible (a no-op
@@ -309,16 +301,6 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x
     __syncthreads();
     float inv = 1.0f / sqrtf(part[0] / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
-}
-
-/* cos, sin of pair j's angle at position pos (half = R / 2 pairs rotated):
- * theta^(-2j/R) and the angle in double, as the CPU backend computes them. */
-__device__ __forceinline__ void rope_cos_sin(int64_t pos, int j, int half, double theta, float *c, float *s)
-{
-    const double inv_freq = pow(theta, -2.0 * j / (2.0 * half)); /* divisor: the rotary width R */
-    const double angle = (double)pos * inv_freq;
-    *c = (float)cos(angle);
-    *s = (float)sin(angle);
 }
 
 /* One thread per (token, rotated pair): the angle is computed once, in
@@ -663,41 +645,7 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
         a.stamps[0] = t;
     }
 
-    /* x (RMS-normalised when nw) into shared memory */
-    const int c4 = a.cols / 4;
-    const float4 *x4 = (const float4 *)a.x;
-    if (a.nw) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < c4; i += FG_THREADS) {
-            float4 t = x4[i];
-            ss = fmaf(t.x, t.x, ss);
-            ss = fmaf(t.y, t.y, ss);
-            ss = fmaf(t.z, t.z, ss);
-            ss = fmaf(t.w, t.w, ss);
-            xs4[i] = t;
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) red[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-#pragma unroll
-        for (int w = 0; w < FG_WARPS; w++) tot += red[w];
-        const float inv = 1.0f / sqrtf(tot / (float)a.cols + a.eps);
-        const float4 *nw4 = (const float4 *)a.nw;
-        float4 *xn4 = blockIdx.x == 0 ? (float4 *)a.xn : NULL;
-        for (int i = threadIdx.x; i < c4; i += FG_THREADS) {
-            float4 t = xs4[i], w = nw4[i];
-            t.x = t.x * inv * w.x;
-            t.y = t.y * inv * w.y;
-            t.z = t.z * inv * w.z;
-            t.w = t.w * inv * w.w;
-            xs4[i] = t;
-            if (xn4) xn4[i] = t;
-        }
-    } else {
-        for (int i = threadIdx.x; i < c4; i += FG_THREADS) xs4[i] = x4[i];
-    }
-    __syncthreads();
+    load_norm_x<FG_THREADS, false>(a, xs4, red); /* x (RMS-normalised when nw) into shared memory */
 
     int par = 0;
     for (;;) {

@@ -38,6 +38,7 @@ extern "C" {
 #include "engine/kv_format.h"
 }
 #include "backend/cuda/cuda_kv.h"
+#include "backend/cuda/cuda_device.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -45,9 +46,10 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
+using namespace spark_dev;
+
 namespace {
 
-constexpr int WARP = 32;
 constexpr int KA_WARPS = 4;   /* warps per attention block */
 constexpr int KC = 8;         /* keys a warp holds in flight */
 constexpr int MAXD = 256;     /* CUDA_MAX_HEAD_DIM */
@@ -77,13 +79,6 @@ __host__ __device__ inline int64_t row_bytes(int fmt, int is_value, int D)
     int b = kind_bits(fmt, is_value);
     if (b) return 4 + (int64_t)D * b / 8;
     return (int64_t)D * (fmt == CU_KV_F32 ? 4 : 2);
-}
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 __device__ double block_sum_d(double v, double *red)

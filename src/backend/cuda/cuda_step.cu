@@ -28,6 +28,7 @@
  * rope angles in double, exact erf GELU.
  */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_device.cuh"
 
 #include <cuda_fp16.h>
 #include <math.h>
@@ -35,9 +36,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+using namespace spark_dev;
+
 namespace {
 
-constexpr int WARP = 32;
 constexpr int MK_THREADS = 256, MK_WARPS = MK_THREADS / WARP;
 constexpr int MK_SLOT = 40 * 1024; /* bytes of one ring slot: a chunk of whole weight rows */
 constexpr int MK_MAX_SLOTS = 8;
@@ -65,13 +67,6 @@ struct mk_params {
     int slots;       /* ring slots in use */
     int work_bytes;  /* shared memory for x / the attention's merge */
 };
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 __device__ __forceinline__ float gelu_erf(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
 
@@ -260,48 +255,6 @@ __device__ __forceinline__ float dot4_bf16(uint2 w, float4 x, float acc)
     return acc;
 }
 
-/* x of the phase into shared memory, RMS-normalised when nw (block 0 also
- * writes the normalised x to xn, as the unfused rmsnorm would). */
-__device__ void load_x(const cu_fgemv_args &a, float4 *xs4, float *red)
-{
-    const int c4 = a.cols / 4;
-    const float4 *x4 = (const float4 *)a.x;
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (!a.nw) {
-        for (int i = threadIdx.x; i < c4; i += MK_THREADS) xs4[i] = __ldcg(x4 + i);
-        __syncthreads();
-        return;
-    }
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < c4; i += MK_THREADS) {
-        float4 t = __ldcg(x4 + i);
-        ss = fmaf(t.x, t.x, ss);
-        ss = fmaf(t.y, t.y, ss);
-        ss = fmaf(t.z, t.z, ss);
-        ss = fmaf(t.w, t.w, ss);
-        xs4[i] = t;
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int w = 0; w < MK_WARPS; w++) tot += red[w];
-    const float inv = 1.0f / sqrtf(tot / (float)a.cols + a.eps);
-    const float4 *nw4 = (const float4 *)a.nw;
-    float4 *xn4 = blockIdx.x == 0 && a.xn ? (float4 *)a.xn : NULL;
-    for (int i = threadIdx.x; i < c4; i += MK_THREADS) {
-        float4 t = xs4[i], w = __ldg(nw4 + i);
-        t.x = t.x * inv * w.x;
-        t.y = t.y * inv * w.y;
-        t.z = t.z * inv * w.z;
-        t.w = t.w * inv * w.w;
-        xs4[i] = t;
-        if (xn4) xn4[i] = t;
-    }
-    __syncthreads(); /* red is reused by the caller; xs is read by every warp */
-}
-
 /* One GEMV phase: consume this block's chunks in order, refilling the ring
  * as each slot frees. Warp w takes row w / wpr of a chunk and column
  * segment w % wpr; per-warp sums meet in `part` (double-buffered by chunk). */
@@ -319,7 +272,7 @@ __device__ void run_gemv(const mk_params &P, const cu_mk_phase &p, mk_producer &
             const int64_t row = chunk_row(m, i / m.rpc) + i % m.rpc;
             if (row < m.R) rs[i] = __ldcg(a.resid + row);
         }
-    load_x(a, xs4, red);
+    load_norm_x<MK_THREADS, true>(a, xs4, red); /* other blocks just wrote x: through L2 */
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wpr = MK_WARPS / m.rpc > 0 ? MK_WARPS / m.rpc : 1;
     const int ri = warp / wpr, sg = warp % wpr;
@@ -396,9 +349,9 @@ __device__ void run_embed(const mk_params &P, const cu_mk_phase &p)
         int k = 0;
         while (k + 1 < P.n_rope && i >= P.rope[k + 1].off) k++;
         const int j = (int)(i - P.rope[k].off), half = P.rope[k].half;
-        const double inv_freq = pow(P.rope[k].theta, -2.0 * j / (2.0 * half));
-        const double angle = (double)pos * inv_freq;
-        P.rope_cs[i] = make_float2((float)cos(angle), (float)sin(angle));
+        float c, s;
+        rope_cos_sin(pos, j, half, P.rope[k].theta, &c, &s);
+        P.rope_cs[i] = make_float2(c, s);
     }
 }
 

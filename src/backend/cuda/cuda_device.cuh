@@ -1,0 +1,83 @@
+/*
+ * cuda_device.cuh — device helpers more than one kernel file needs (the
+ * decode kernels in cuda_kernels.cu, the persistent step in cuda_step.cu, the
+ * coded-cache kernels in cuda_kv.cu). Included by .cu files only.
+ */
+#ifndef SPARK_BACKEND_CUDA_DEVICE_CUH
+#define SPARK_BACKEND_CUDA_DEVICE_CUH
+
+#include "backend/cuda/cuda_internal.h"
+
+namespace spark_dev {
+
+constexpr int WARP = 32;
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* cos, sin of pair j's angle at position pos (half = R / 2 pairs rotated):
+ * theta^(-2j/R) and the angle in double, as the CPU backend computes them. */
+__device__ __forceinline__ void rope_cos_sin(int64_t pos, int j, int half, double theta, float *c, float *s)
+{
+    const double inv_freq = pow(theta, -2.0 * j / (2.0 * half)); /* divisor: the rotary width R */
+    const double angle = (double)pos * inv_freq;
+    *c = (float)cos(angle);
+    *s = (float)sin(angle);
+}
+
+/* A GEMV's x (a.cols floats) into shared memory xs4 by a block of THREADS,
+ * RMS-normalised with a.nw when that is set (block 0 also writes the
+ * normalised x to a.xn, as the unfused rmsnorm would); red: THREADS / WARP
+ * floats of scratch. THROUGH_L2: read x through L2 only (__ldcg), for a
+ * kernel in which other blocks have just written it (the persistent step);
+ * a kernel launched after x's writer reads it normally. Ends with a block
+ * barrier. */
+template <int THREADS, bool THROUGH_L2>
+__device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4, float *red)
+{
+    constexpr int WARPS = THREADS / WARP;
+    const int c4 = a.cols / 4;
+    const float4 *x4 = (const float4 *)a.x;
+    if (a.nw) {
+        const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < c4; i += THREADS) {
+            const float4 t = THROUGH_L2 ? __ldcg(x4 + i) : x4[i];
+            ss = fmaf(t.x, t.x, ss);
+            ss = fmaf(t.y, t.y, ss);
+            ss = fmaf(t.z, t.z, ss);
+            ss = fmaf(t.w, t.w, ss);
+            xs4[i] = t;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) tot += red[w];
+        const float inv = 1.0f / sqrtf(tot / (float)a.cols + a.eps);
+        const float4 *nw4 = (const float4 *)a.nw;
+        float4 *xn4 = blockIdx.x == 0 && a.xn ? (float4 *)a.xn : NULL;
+        for (int i = threadIdx.x; i < c4; i += THREADS) {
+            float4 t = xs4[i];
+            const float4 w = THROUGH_L2 ? __ldg(nw4 + i) : nw4[i];
+            t.x = t.x * inv * w.x;
+            t.y = t.y * inv * w.y;
+            t.z = t.z * inv * w.z;
+            t.w = t.w * inv * w.w;
+            xs4[i] = t;
+            if (xn4) xn4[i] = t;
+        }
+    } else {
+        for (int i = threadIdx.x; i < c4; i += THREADS) xs4[i] = THROUGH_L2 ? __ldcg(x4 + i) : x4[i];
+    }
+    __syncthreads(); /* red may be reused by the caller; xs is read by every warp */
+}
+
+} // namespace spark_dev
+
+#endif
