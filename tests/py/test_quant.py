@@ -152,12 +152,7 @@ def test_int8_decode_kl_and_top1_vs_bf16_source(src, quantized, qtype, tmp_path)
     """The quantized-model budgets (KL_BUDGET) hold for decode with int8 activations too."""
     base = spark_logits(src["gguf"], tmp_path)
     got = spark_logits(quantized[qtype], tmp_path, "--mode", "decode")
-    p, q = log_softmax(base), log_softmax(got)
-    kl = float((np.exp(p) * (p - q)).sum(-1).mean())
-    top1 = float((base.argmax(-1) == got.argmax(-1)).mean())
-    print(f"{qtype} int8 decode: mean KL {kl:.4g}, top-1 agreement {top1:.3f}")
-    max_kl, min_top1 = KL_BUDGET[qtype]
-    assert kl <= max_kl and top1 >= min_top1, f"{qtype}: KL {kl:.4g} (<= {max_kl}), top-1 {top1:.3f} (>= {min_top1})"
+    check_kl_and_top1(base, got, qtype, f"{qtype} int8 decode")
 
 
 @pytest.mark.parametrize("qtype", TYPES + ["q4_k_m"])
@@ -173,16 +168,21 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
+def check_kl_and_top1(base, got, qtype, label):
+    """Mean KL(base || got) and top-1 agreement within KL_BUDGET[qtype]."""
+    p, q = log_softmax(base), log_softmax(got)
+    kl = float((np.exp(p) * (p - q)).sum(-1).mean())
+    top1 = float((base.argmax(-1) == got.argmax(-1)).mean())
+    print(f"{label}: mean KL {kl:.4g}, top-1 agreement {top1:.3f}")
+    max_kl, min_top1 = KL_BUDGET[qtype]
+    assert kl <= max_kl and top1 >= min_top1, f"{qtype}: KL {kl:.4g} (<= {max_kl}), top-1 {top1:.3f} (>= {min_top1})"
+
+
 @pytest.mark.parametrize("qtype", ["q8_0", "q6_k", "q4_k_m", "q4_k", "q4_0"])
 def test_kl_and_top1_vs_bf16_source(src, quantized, qtype, tmp_path):
     base = spark_logits(src["gguf"], tmp_path)
     got = spark_logits(quantized[qtype], tmp_path)
-    p, q = log_softmax(base), log_softmax(got)
-    kl = float((np.exp(p) * (p - q)).sum(-1).mean())
-    top1 = float((base.argmax(-1) == got.argmax(-1)).mean())
-    print(f"{qtype}: mean KL {kl:.4g}, top-1 agreement {top1:.3f}")
-    max_kl, min_top1 = KL_BUDGET[qtype]
-    assert kl <= max_kl and top1 >= min_top1, f"{qtype}: KL {kl:.4g} (<= {max_kl}), top-1 {top1:.3f} (>= {min_top1})"
+    check_kl_and_top1(base, got, qtype, qtype)
 
 
 def test_q4_k_m_recipe(src, quantized):
