@@ -23,14 +23,12 @@
  * (Linux asks for the tile state with arch_prctl); SPARK_AMX=0 turns it off.
  */
 #include "backend/cpu/cpu_internal.h"
-#include "backend/cpu/probe.h"
 #include "io/dtype.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define SPARK_HAVE_AMX 1
@@ -256,45 +254,31 @@ static void amx_task(void *arg, int ith, int nth)
 }
 
 
-/* The tile unit's rate: four independent accumulators, TDPBF16PS on
- * tiles already loaded (no memory traffic), for `iters` rounds. */
-typedef struct amx_probe {
-    long iters;
-    double sec[64];
-} amx_probe;
-
-static double now_s(void)
+/* The tile unit's rate, for the probe (probe.c): four independent
+ * accumulators, TDPBF16PS on tiles already loaded (no memory traffic),
+ * `iters` rounds on the calling thread; returns the FLOPs done. */
+static double tile_flops(long iters)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void probe_task(void *arg, int ith, int nth)
-{
-    (void)nth;
-    amx_probe *p = arg;
-    static const uint16_t ones[16 * 32] = {0}; /* zeros: the rate does not depend on the values */
+    static const uint16_t zeros[16 * 32] = {0}; /* the rate does not depend on the values */
     float sink[16 * 16];
     tiles_configure();
     _tile_zero(0); /* tile numbers are immediates */
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    _tile_loadd(4, ones, 64);
-    _tile_loadd(5, ones, 64);
-    _tile_loadd(6, ones, 64);
-    _tile_loadd(7, ones, 64);
-    const double t0 = now_s();
-    for (long i = 0; i < p->iters; i++) {
+    _tile_loadd(4, zeros, 64);
+    _tile_loadd(5, zeros, 64);
+    _tile_loadd(6, zeros, 64);
+    _tile_loadd(7, zeros, 64);
+    for (long i = 0; i < iters; i++) {
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
     _tile_stored(0, sink, 64);
-    if (ith < 64) p->sec[ith] = now_s() - t0 + 0.0 * sink[0];
     _tile_release();
+    return (double)iters * 4.0 * (16.0 * 16.0 * 32.0 * 2.0) + 0.0 * sink[0];
 }
 
 /* parts[0] = bf16(x), parts[p] = bf16(x - parts[0] - ... - parts[p-1]),
@@ -352,26 +336,7 @@ static int amx_usable(void)
 
 int cpu_amx_available(void) { return amx_usable(); }
 
-spark_status cpu_probe_amx_peak(int n_threads, int reps, double *gflop_s)
-{
-    *gflop_s = 0;
-    if (!amx_usable()) return SPARK_OK;
-    if (n_threads > 64) n_threads = 64;
-    thread_pool *pool = NULL;
-    spark_status st = pool_create(n_threads, &pool);
-    if (st != SPARK_OK) return st;
-    amx_probe p = {.iters = 1L << 20}; /* ~4M tile products: ~30-60 ms */
-    for (int r = 0; r < reps; r++) {
-        memset(p.sec, 0, sizeof p.sec);
-        pool_run(pool, probe_task, &p, n_threads);
-        double slowest = 0;
-        for (int i = 0; i < n_threads; i++) slowest = p.sec[i] > slowest ? p.sec[i] : slowest;
-        const double flops = (double)n_threads * (double)p.iters * 4.0 * (16.0 * 16.0 * 32.0 * 2.0);
-        if (slowest > 0 && flops / slowest / 1e9 > *gflop_s) *gflop_s = flops / slowest / 1e9;
-    }
-    pool_free(pool);
-    return SPARK_OK;
-}
+double cpu_amx_tile_flops(long iters) { return amx_usable() ? tile_flops(iters) : 0; }
 
 int cpu_amx_matmul(cpu_backend *cb, int nth, float *out, const float *x, const weight_ref *w, int n)
 {
@@ -408,11 +373,10 @@ int cpu_amx_matmul(cpu_backend *cb, int nth, float *out, const float *x, const w
 
 int cpu_amx_available(void) { return 0; }
 
-spark_status cpu_probe_amx_peak(int n_threads, int reps, double *gflop_s)
+double cpu_amx_tile_flops(long iters)
 {
-    (void)n_threads, (void)reps;
-    *gflop_s = 0;
-    return SPARK_OK;
+    (void)iters;
+    return 0;
 }
 
 int cpu_amx_matmul(cpu_backend *cb, int nth, float *out, const float *x, const weight_ref *w, int n)

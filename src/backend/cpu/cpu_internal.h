@@ -46,6 +46,9 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
 enum { AMX_MIN_TOKENS = 16 };
 int cpu_amx_matmul(cpu_backend *cb, int nth, float *out, const float *x, const weight_ref *w, int n);
 int cpu_amx_available(void); /* the CPU has AMX-BF16, the kernel grants it and SPARK_AMX is not 0 */
+/* `iters` rounds of four tile products on this thread (the probe's loop);
+ * the FLOPs done, 0 without AMX. */
+double cpu_amx_tile_flops(long iters);
 
 /* The backend's attention op (see backend.h). */
 void cpu_attention(backend *be, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
