@@ -44,7 +44,7 @@ probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
 
 stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
 for _ in $(seq 120); do [ -f /tmp/m4b2.done ] && break; sleep 1; done
-timeout 150 python3 bench/decode_check.py /tmp/m4b2 default early-off:SPARK_CUDA_PDL_EARLY=0 2>&1 | tee -a "$SUMMARY"
+timeout 200 python3 bench/decode_check.py /tmp/m4b2 default early-off:SPARK_CUDA_PDL_EARLY=0 attstep-off:SPARK_CUDA_ATTSTEP=0 cluster8:SPARK_CUDA_ATTSTEP=8 2>&1 | tee -a "$SUMMARY"
 
 stamp "decode sweep (36 layers, ctx 4096, 512 prefilled, 256 decoded)"
 for _ in $(seq 300); do [ -f /tmp/m4b.done ] && break; sleep 1; done

@@ -165,12 +165,25 @@ int main(int argc, char **argv)
     };
     float *tab;
     CK(cudaMalloc((void **)&tab, 512 * 4));
-    int what = 3; /* 1 rope_kv, 2 attention, 4 rope_kv from a table */
+    int what = 3; /* 1 rope_kv, 2 attention, 4 rope_kv from a table, 8 all in one launch */
     const char *skv = getenv("SPARK_CUDA_SPLIT_KEYS");
     const int split_keys = skv && atoi(skv) > 0 ? atoi(skv) : 32;
+    const int cluster = cu_attn_step_cluster(0, 16);
     auto attn_path = [&](int l, int pdl) {
         const bool full = l % 4 == 3;
         const int64_t slots = full ? 4096 : 512;
+        if (what & 8) { /* the one-launch form (cuda_attn_step.cu), angles from the tables */
+            cu_attn_args a;
+            memset(&a, 0, sizeof a);
+            a.out = att, a.qkv = qkv, a.kc = kc[l], a.vc = vc[l], a.pos = d_pos, a.slots = slots;
+            a.qkv_stride = QKV + G, a.n = 1, a.n_head = NH, a.n_head_kv = NKV, a.head_dim = D;
+            a.window = full ? 0 : 512;
+            a.rot_dims = full ? 64 : 256, a.theta = full ? 5e6 : 1e4, a.rope_tab = tab + (full ? 0 : 256);
+            a.pdl_early = !(getenv("SPARK_CUDA_PDL_EARLY") && atoi(getenv("SPARK_CUDA_PDL_EARLY")) == 0);
+            a.scale = 1.0f / 16.0f, a.gate = gb, a.pdl = pdl, a.step = 1;
+            CK(cu_attn_step(st, &a, cluster));
+            return;
+        }
         if (what & 1)
             CK(cu_rope_kv(st, qkv, NH, NKV, D, d_pos, full ? 64 : 256, full ? 5e6 : 1e4, kc[l], vc[l], slots, pdl,
                           (what & 4) ? tab + (full ? 0 : 256) : NULL));
@@ -216,11 +229,14 @@ int main(int argc, char **argv)
         {"rope_kv only", 0, 64 | 1024},
         {"rope_kv only, from table", 0, 64 | 1024 | 512},
         {"attention only", 0, 64 | 2048},
+        {"attention in one launch (cluster merge)", 0, 64 | 512 | 4096},
         {"step: 4 fgemv + attention path", lb_qkv + lb_o + lb_ff + lb_down, 15 | 64},
+        {"step: 4 fgemv + attention in one launch", lb_qkv + lb_o + lb_ff + lb_down, 15 | 64 | 512 | 4096},
         {"step, no split minimum", lb_qkv + lb_o + lb_ff + lb_down, 15 | 64 | 128},
     };
     for (const chain &c : chains) {
         if (only && !strcmp(only, "fgemv") && (c.kind & (16 | 32 | 64))) continue;
+        if ((c.kind & 4096) && !cluster) continue; /* no clusters on this device */
         cudaGraph_t g;
         cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -228,6 +244,7 @@ int main(int argc, char **argv)
         min_keys = (c.kind & 128) ? 0 : split_keys;
         what = (c.kind & 1024) ? 1 : (c.kind & 2048) ? 2 : 3;
         if (c.kind & 512) what |= 4;
+        if (c.kind & 4096) what |= 8;
         if (c.kind & 512) { /* the tables, once (the position does not change here) */
             CK(cu_rope_table(st, tab, d_pos, 64, 5e6, 0));
             CK(cu_rope_table(st, tab + 256, d_pos, 256, 1e4, 0));

@@ -124,6 +124,51 @@ def test_persistent_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch)
     check(f"decode (persistent kernel) {m.name} vs cpu", np.load(out), cpu)
 
 
+ATTSTEP_CASES = {  # shape: environment (cluster size, key limit of the one-launch attention)
+    "gqa4_w8": {},
+    "d256_gqa4_w16": {"SPARK_CUDA_ATTSTEP": "2"},
+    "mha_w16": {"SPARK_CUDA_ATTSTEP": "8", "SPARK_CUDA_ATTSTEP_KEYS": "24"},
+    "gqa4_8layers_w12": {"SPARK_CUDA_ATTSTEP_KEYS": "20"},
+}
+
+
+@pytest.mark.parametrize("name", ATTSTEP_CASES)
+def test_attention_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch):
+    """A decode step's attention in one launch (cuda_attn_step.cu: rope, k/v
+    store, the splits merged inside a thread-block cluster): it must have run
+    (the backend counts its launches), at the cluster size asked for, and
+    agree with the CPU. With a key limit below the prompt, full layers leave
+    it mid-decode: a second graph is captured and the split kernels take
+    over, so the counts show both regimes."""
+    m = models[(name, "bf16")]
+    cpu = logits(tmp_path, m.hf, m.ids, "--all")
+    env = ATTSTEP_CASES[name]
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
+    out = tmp_path / "step.npy"
+    proc = run_spark(["logits", m.hf, "--ids", ",".join(map(str, m.ids)), "--out", out, "--all", "--mode", "decode",
+                      "--gpu"])
+    stats = proc.stderr.split("one-launch attention (cluster ")[-1]
+    cluster, launches = int(stats.split(")")[0]), int(stats.split(": ")[1].split()[0])
+    captures = int(proc.stderr.split("CUDA backend: ")[-1].split()[0])
+    assert cluster == int(env.get("SPARK_CUDA_ATTSTEP", "16")), proc.stderr[-800:]
+    cfg = SHAPES[name]
+    steps = len(m.ids) - 1  # the first token is a prefill of one
+    full = cfg["pattern"].count("F") * cfg["layers"] // len(cfg["pattern"])
+    if "SPARK_CUDA_ATTSTEP_KEYS" in env:
+        limit = int(env["SPARK_CUDA_ATTSTEP_KEYS"])
+        assert captures >= 2, f"no second graph after the key limit:\n{proc.stderr[-800:]}"
+        assert (cfg["layers"] - full) * steps <= launches < cfg["layers"] * steps, proc.stderr[-800:]
+        assert launches >= cfg["layers"] * (limit - 2), proc.stderr[-800:]
+    else:
+        assert launches >= cfg["layers"] * (steps - 1), f"the one-launch attention did not run:\n{proc.stderr[-800:]}"
+    check(f"decode (one-launch attention) {m.name} vs cpu", np.load(out), cpu)
+    monkeypatch.setenv("SPARK_CUDA_ATTSTEP", "0")
+    off = logits(tmp_path, m.hf, m.ids, "--all", "--mode", "decode", "--gpu")
+    check(f"decode (split kernels) {m.name} vs cpu", off, cpu)
+
+
 @pytest.mark.parametrize("batch", ["5", "13"])
 def test_chunked_prefill_matches_cpu(models, batch, tmp_path):
     """Chunks of 5 run the GEMV path (n <= 8), chunks of 13 cuBLAS with a short tail."""

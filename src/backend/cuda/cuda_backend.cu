@@ -199,9 +199,10 @@ void cuda_destroy(backend *be)
     if (getenv("SPARK_CUDA_VERBOSE"))
         fprintf(stderr,
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
-                "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches\n",
+                "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches; "
+                "one-launch attention (cluster %d): %ld launches\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
-                cb->mega_on, cb->mega_runs);
+                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs);
     if (cb->exec) cudaGraphExecDestroy(cb->exec);
     cu_mega_destroy(cb->mk);
     free(cb->mq);
@@ -303,7 +304,7 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_ATTN: {
         cu_attn_args a = c->attn;
         a.pdl = cb->pdl_now;
-        CK(a.flash ? cu_flash_attention(st, &a) : cu_attention(st, &a));
+        CK(a.flash ? cu_flash_attention(st, &a) : a.step ? cu_attn_step(st, &a, cb->att_cluster) : cu_attention(st, &a));
         return;
     }
     case OP_FGEMV: CK(cu_fgemv(st, &c->fg, cb->sms, cb->pdl_now)); return;
@@ -496,6 +497,10 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     a->min_split_keys = cb->split_keys;
     a->pdl_early = cb->pdl_early;
     a->scale = sh->scale;
+    /* the one-launch form (fuse) while the keys are few; a field of the
+     * recorded command, so crossing the limit captures a new graph once */
+    const int64_t keys = cache->window && cache->window < pos0 + n ? cache->window : pos0 + n;
+    a->step_ok = n == 1 && cb->att_cluster > 0 && keys <= cb->att_step_keys;
     /* prefill chunks over an f32 cache: the tensor-core kernel (cuda_flash.cu) */
     if (cache->type == SPARK_KV_F32 && cu_flash_enabled() && cu_flash_ok(a)) {
         a->flash = 1;
@@ -931,6 +936,12 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->split_keys = sk && atoi(sk) > 0 ? atoi(sk) : SPLIT_MIN_KEYS;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */
     cb->pdl_early = !(pe && !strcmp(pe, "0"));
+    /* SPARK_CUDA_ATTSTEP=0: a decode step's attention as rope_kv + attention
+     * + merge kernels; =N: clusters of N blocks (a power of two, <= 16) */
+    const char *as = getenv("SPARK_CUDA_ATTSTEP"), *ak = getenv("SPARK_CUDA_ATTSTEP_KEYS");
+    const int want = as ? atoi(as) : ATT_STEP_CLUSTER;
+    cb->att_cluster = cb->fuse_on && want > 1 ? cu_attn_step_cluster(device, want) : 0;
+    cb->att_step_keys = ak && atoll(ak) > 0 ? atoll(ak) : ATT_STEP_KEYS;
     CK(cu_kv_init()); /* the TurboQuant tables on this device */
     /* a coded cache's single-token stage: allocated here, never grown inside a step */
     scratch((void **)&cb->kvstage, &cb->kvstage_bytes,

@@ -8,6 +8,9 @@
 
 #include "backend/cuda/cuda_internal.h"
 
+#include <cuda_runtime.h>
+#include <string.h>
+
 namespace spark_dev {
 
 constexpr int WARP = 32;
@@ -76,6 +79,65 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
         for (int i = threadIdx.x; i < c4; i += THREADS) xs4[i] = THROUGH_L2 ? __ldcg(x4 + i) : x4[i];
     }
     __syncthreads(); /* red may be reused by the caller; xs is read by every warp */
+}
+
+/* Programmatic dependent launch (sm_90): `pdl_wait` blocks until the kernels
+ * this one depends on have finished and their writes are visible (a no-op
+ * when it was launched without the attribute); `pdl_release` lets the next
+ * kernel in the stream start launching now. Every kernel that may be launched
+ * with the attribute waits before it touches anything a predecessor writes
+ * or reads (activations, this step's cache rows): only constant weights, and
+ * what steps before this one wrote, are read earlier. That is safe because
+ * every kernel of a chain waits before it finishes, so when a kernel starts,
+ * all kernels before its direct predecessor have completed. */
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_release()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* A launch, with the programmatic-dependent attribute when pdl, and as
+ * clusters of `cluster` blocks along x when cluster > 1. */
+template <typename... KArgs, typename... Args>
+cudaError_t launch_cluster_ex(bool pdl, int cluster, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                              void (*k)(KArgs...), Args... args)
+{
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[2];
+    int n = 0;
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = (unsigned)cluster;
+        at[n].val.clusterDim.y = 1;
+        at[n++].val.clusterDim.z = 1;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = n;
+    return cudaLaunchKernelEx(&cfg, k, args...);
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch_ex(bool pdl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, void (*k)(KArgs...),
+                      Args... args)
+{
+    return launch_cluster_ex(pdl, 1, grid, block, smem, st, k, args...);
 }
 
 } // namespace spark_dev

@@ -58,7 +58,8 @@ void record(cuda_backend *cb, const cmd *c)
  *       -> rope_kv (rope both, store k/v), then attention: the store moves
  *          before the attention, safe because the slot of the current
  *          position is never one the attention reads (rings hold >= window
- *          slots, full layers >= n_ctx);
+ *          slots, full layers >= n_ctx); while the context is short
+ *          (step_ok) all of it is one launch, cu_attn_step;
  *   attention; gate_heads(attn, g) -> attention with the gate in its output.
  *
  * Every buffer ends the step as the unfused ops leave it (xn, the matmul
@@ -121,15 +122,20 @@ void rope_tables(cuda_backend *cb)
     int rot[ROPE_TABLES], nt = 0;
     for (size_t i = 0; i < cb->nfq; i++) {
         cmd *c = &cb->fq[i];
-        if (c->op != OP_ROPEKV || c->rot_dims < 2) continue;
+        const bool step = c->op == OP_ATTN && c->attn.step;
+        const int rd = step ? c->attn.rot_dims : c->rot_dims;
+        const double th = step ? c->attn.theta : c->theta;
+        if ((c->op != OP_ROPEKV && !step) || rd < 2) continue;
         int k = 0;
-        while (k < nt && !(theta[k] == c->theta && rot[k] == c->rot_dims)) k++;
+        while (k < nt && !(theta[k] == th && rot[k] == rd)) k++;
         if (k == nt) {
             if (nt == ROPE_TABLES) continue;
-            theta[nt] = c->theta;
-            rot[nt++] = c->rot_dims;
+            theta[nt] = th;
+            rot[nt++] = rd;
         }
-        c->y = cb->ropetab + (size_t)k * CUDA_MAX_HEAD_DIM;
+        const float *tab = cb->ropetab + (size_t)k * CUDA_MAX_HEAD_DIM;
+        if (step) c->attn.rope_tab = tab;
+        else c->y = tab;
     }
     if (!nt) return;
     cmd t = new_cmd(OP_ROPETAB, 1);
@@ -222,18 +228,24 @@ void fuse(cuda_backend *cb)
                       (aa->window == 0 || aa->slots >= aa->window) && c->rot_dims <= aa->head_dim &&
                       aa->head_dim <= 1024;
             if (ok) {
-                cmd f = new_cmd(OP_ROPEKV, 1);
-                f.out = c->out;
-                f.heads = aa->n_head;
-                f.rows = aa->n_head_kv;
-                f.head_dim = aa->head_dim;
-                f.rot_dims = c->rot_dims;
-                f.theta = c->theta;
-                f.k = kv->k;
-                f.v = kv->v;
-                f.slots = aa->slots;
-                fq_push(cb, &f);
                 cmd a2 = *at;
+                a2.attn.rot_dims = c->rot_dims;
+                a2.attn.theta = c->theta;
+                if (aa->step_ok && cu_attn_step_ok(&a2.attn)) {
+                    a2.attn.step = 1; /* rope, store and attention in one launch (cuda_attn_step.cu) */
+                } else {
+                    cmd f = new_cmd(OP_ROPEKV, 1);
+                    f.out = c->out;
+                    f.heads = aa->n_head;
+                    f.rows = aa->n_head_kv;
+                    f.head_dim = aa->head_dim;
+                    f.rot_dims = c->rot_dims;
+                    f.theta = c->theta;
+                    f.k = kv->k;
+                    f.v = kv->v;
+                    f.slots = aa->slots;
+                    fq_push(cb, &f);
+                }
                 size_t used = 4;
                 const cmd *g = i + 4 < n ? &q[i + 4] : NULL;
                 if (g && g->op == OP_GATE && g->n == 1 && g->out == aa->out && g->heads == aa->n_head &&
@@ -279,7 +291,11 @@ bool capture(cuda_backend *cb)
         count = cb->nfq;
     }
     cb->pdl_now = cb->pdl_on;
-    for (size_t i = 0; i < count; i++) run_cmd(cb, &list[i]);
+    cb->graph_att_steps = 0;
+    for (size_t i = 0; i < count; i++) {
+        run_cmd(cb, &list[i]);
+        cb->graph_att_steps += list[i].op == OP_ATTN && list[i].attn.step;
+    }
     cb->pdl_now = 0;
     cudaError_t e = cudaStreamEndCapture(cb->st, &g);
     if (e == cudaSuccess && g) e = cudaGraphInstantiate(&cb->exec, g, 0);
@@ -323,6 +339,13 @@ cu_mega *mega_build(cuda_backend *cb)
             p->kind = CU_MK_GEMV;
             p->dtype = SPARK_DTYPE_BF16; /* fuse() makes OP_FGEMV of bf16 matrices only */
             p->fg = c->fg;
+        } else if (c->op == OP_ATTN && c->attn.step) { /* rope, store and attention in one command */
+            p->kind = CU_MK_ATTN;
+            p->at = c->attn;
+            p->at.step = 0;
+            p->at.rope_tab = NULL;
+            p->rot_dims = c->attn.rot_dims;
+            p->theta = c->attn.theta;
         } else if (c->op == OP_ROPEKV && i + 1 < cb->nfq && cb->fq[i + 1].op == OP_ATTN &&
                    cb->fq[i + 1].attn.qkv == c->out && cb->fq[i + 1].attn.kc == c->k &&
                    cb->fq[i + 1].attn.vc == c->v && cb->fq[i + 1].attn.slots == c->slots && !cb->fq[i + 1].attn.flash) {
@@ -388,6 +411,7 @@ void flush(cuda_backend *cb)
     }
     CK(cudaGraphLaunch(cb->exec, cb->st));
     cb->replays++;
+    cb->att_step_runs += cb->graph_att_steps;
 }
 
 /* A command from an op: recorded inside a single-token step, else launched. */

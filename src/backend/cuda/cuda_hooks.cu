@@ -32,6 +32,7 @@ extern "C" {
 #include "spark.h"
 }
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_device.cuh"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -46,26 +47,14 @@ static_assert(SPARK_FFN_BUCKETS == 64, "the histogram kernel keeps 64 buckets");
 
 __device__ __forceinline__ void pdl_begin()
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
+    spark_dev::pdl_wait();
+    spark_dev::pdl_release();
 }
 
 template <typename... KArgs, typename... Args>
 cudaError_t launch(bool pdl, unsigned grid, unsigned block, cudaStream_t st, void (*k)(KArgs...), Args... args)
 {
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, k, args...);
+    return spark_dev::launch_ex(pdl, dim3(grid), dim3(block), 0, st, k, args...);
 }
 
 /* Sum of v over the block (every thread gets it). sh: 32 doubles. */

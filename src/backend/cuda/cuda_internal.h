@@ -70,8 +70,26 @@ typedef struct cu_attn_args {
     int pdl_early;     /* let the following kernels launch before this one's dependency wait, so the
                         * out-projection GEMV after it loads its first weights during the attention */
     int flash;         /* run by cu_flash_attention (prefill chunks, f32 cache; set by the backend) */
+    /* a decode step's attention in one launch (cu_attn_step, cuda_attn_step.cu): */
+    int step_ok;       /* recorded: the context is short enough for it (cuda_attention) */
+    int step;          /* fused: run by cu_attn_step, which also ropes q / k and stores k / v first */
+    int rot_dims;      /* step: the rope of this layer class */
+    double theta;
+    const float *rope_tab; /* step: cos / sin at *pos (cu_rope_table); NULL: computed */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
+
+/* ---- a decode step's attention in one launch (cuda_attn_step.cu, sm_90) ----
+ * rope q and k, store k / v into slot *pos % slots, attention over the
+ * keys cut into `cluster` splits that are the blocks of one thread-block
+ * cluster per KV head, merged through distributed shared memory, gated:
+ * the work of cu_rope_kv + cu_attention + the merge for one token.
+ * cu_attn_step_cluster: the cluster size this device runs (<= want, a power
+ * of two; 0: none, e.g. before sm_90). cu_attn_step_ok: the shapes it takes
+ * (n == 1, <= 4 query heads per KV head, head_dim <= 256). */
+int cu_attn_step_cluster(int device, int want);
+int cu_attn_step_ok(const cu_attn_args *a);
+cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster);
 
 /* ---- prefill attention on tensor cores (cuda_flash.cu) ----
  * The same computation as cu_attention for chunks of >= CUDA_FLASH_MIN_N

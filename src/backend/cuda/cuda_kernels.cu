@@ -25,26 +25,6 @@ using namespace spark_dev;
 
 namespace {
 
-/* Programmatic dependent launch (sm_90): `pdl_wait` blocks until the kernels
- * this one depends on have finished and their writes are visible (a no-op
- * when it was launched without the attribute); `pdl_release` lets the next
- * kernel in the stream start launching now. Every kernel that may be launched
- * with the attribute waits before it touches anything a predecessor writes
- * or reads (activations, caches): only constant weights are read earlier. */
-__device__ __forceinline__ void pdl_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_release()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float b2f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 __device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return *(const uint16_t *)p; }
@@ -754,25 +734,6 @@ __global__ void rope_kv_kernel(float *qkv, int n_q, int n_kv, int D, const int64
         const float *vr = qkv + (int64_t)(n_q + n_kv) * D + (int64_t)kh * D;
         vc[slot * kv_dim + (int64_t)kh * D + t] = vr[t];
     }
-}
-
-/* A launch, with the programmatic-dependent attribute when pdl. */
-template <typename... KArgs, typename... Args>
-cudaError_t launch_ex(bool pdl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, void (*k)(KArgs...),
-                      Args... args)
-{
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, k, args...);
 }
 
 typedef void (*fgemv_fn)(cu_fgemv_args);

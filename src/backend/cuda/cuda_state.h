@@ -25,6 +25,8 @@ namespace spark_cuda {
 constexpr size_t PANEL_BYTES = (size_t)128 << 20; /* decoded weight rows per cuBLAS call */
 constexpr int ROPE_TABLES = 4;                    /* rope classes with a per-step angle table (rope_tables) */
 constexpr int SPLIT_MIN_KEYS = 32;                /* a key split below this is not worth a block (bench/cuda_runs.md run 7) */
+constexpr int ATT_STEP_CLUSTER = 16;              /* blocks (key splits) per KV head of the one-launch attention */
+constexpr int64_t ATT_STEP_KEYS = 2048;           /* the most keys it takes; longer contexts: split + merge kernels */
 
 struct dev_entry {
     const void *host;
@@ -69,6 +71,10 @@ struct cuda_backend {
     float *ropetab;  /* ROPE_TABLES x 2 x CUDA_MAX_HEAD_DIM / 2: cos / sin per rope class (rope_tables) */
     int split_keys;  /* attention: a key split covers at least this many keys (SPARK_CUDA_SPLIT_KEYS) */
     int pdl_early;   /* attention releases its dependents before its wait (SPARK_CUDA_PDL_EARLY=0: not) */
+    int att_cluster; /* a decode step's attention in one launch, splits = this cluster size (cuda_attn_step.cu;
+                      * 0: off, SPARK_CUDA_ATTSTEP=0) */
+    int64_t att_step_keys; /* ... while a full layer's context is at most this (SPARK_CUDA_ATTSTEP_KEYS) */
+    long graph_att_steps, att_step_runs; /* its launches in the current graph; launches run (SPARK_CUDA_VERBOSE) */
     int pdl_now;     /* launches now get the PDL attribute (during a capture) */
     cmd *fq;         /* the fused form of q */
     size_t nfq, fqcap;

@@ -1,0 +1,345 @@
+/*
+ * cuda_attn_step.cu — a decode step's attention of one layer in one launch
+ * (one token, f32 cache): rope of q and k, the k / v store, split-KV
+ * attention and the merge of the splits with the head gate.
+ *
+ * Why: at batch 1 the attention of a short context is latency, not bytes
+ * (~4 MB of cache a layer), and the unfused path pays three kernel
+ * boundaries for it (rope_kv, attention, merge) plus a round trip of every
+ * split's partial through global memory (bench/cuda_runs.md run 7: ~21 us a
+ * layer). Here the splits of one KV head are the blocks of one thread-block
+ * cluster: each block scores its share of the keys, leaves its partial
+ * softmax state in shared memory, and after a cluster barrier every block
+ * merges a slice of the head's outputs by reading its partners' shared
+ * memory (distributed shared memory, sm_90). The cache rows of earlier
+ * steps are loaded before the dependency wait, so they arrive while the qkv
+ * GEMV before this kernel is still finishing.
+ *
+ * The block whose key range holds the current position ropes k, stores k
+ * and v into the cache slot and reads them back after a block barrier; no
+ * other block reads that slot (rings hold >= window slots, full layers the
+ * whole context). Every buffer ends as rope_kv + attention + merge leave it
+ * (q and k roped in place in qkv, the cache row, the gated output).
+ * Shapes it takes: <= 4 query heads per KV head, head_dim <= 256; the
+ * backend uses it while the context is short (cuda_attention's step_ok).
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_device.cuh"
+
+#include <cooperative_groups.h>
+#include <math.h>
+#include <stdlib.h>
+
+using namespace spark_dev;
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int AS_WARPS = 8;  /* warps a block */
+constexpr int AS_G = 4;      /* query heads per KV head, at most */
+constexpr int AS_CMAX = 16;  /* blocks a cluster, at most (16 is Hopper's non-portable size) */
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* (the kernel is empty on older targets) */
+constexpr int AS_KT = 4; /* keys a warp scores together (as attention_kernel) */
+
+/* cos, sin of rope pair t at position p: from the step's table when there
+ * is one, else computed (the same double operations as the table). */
+__device__ __forceinline__ void step_cos_sin(const cu_attn_args &a, int64_t p, int t, int half, float *c, float *s)
+{
+    if (a.rope_tab) {
+        *c = a.rope_tab[t];
+        *s = a.rope_tab[half + t];
+    } else {
+        rope_cos_sin(p, t, half, a.theta, c, s);
+    }
+}
+#endif
+
+template <int E>
+__global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args a)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cl = cg::this_cluster();
+    const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+    const int kh = blockIdx.x / C;
+    const int D = a.head_dim, G = a.n_head / a.n_head_kv, half = a.rot_dims / 2;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int64_t q_dim = (int64_t)a.n_head * D, kv_dim = (int64_t)a.n_head_kv * D;
+    const int64_t p = *a.pos;
+    const int64_t lo = a.window && p - a.window + 1 > 0 ? p - a.window + 1 : 0; /* sliding: 0 <= p - j < window */
+    const int64_t per = (p - lo + 1 + C - 1) / C;
+    const int64_t jb = lo + (int64_t)rank * per;
+    const int64_t je = jb + per < p + 1 ? jb + per : p + 1; /* may be empty (short contexts) */
+    const bool owner = jb <= p && p < je;                   /* this block stores the current k / v */
+    float *kc = (float *)a.kc, *vc = (float *)a.vc;         /* the backend's caches (const for the readers) */
+    float *qkv = (float *)a.qkv;
+
+    auto load = [&](int64_t j0, float (&k)[AS_KT][E], float (&v)[AS_KT][E]) {
+#pragma unroll
+        for (int u = 0; u < AS_KT; u++) {
+            const int64_t j = j0 + u;
+            const float *kr = NULL, *vr = NULL;
+            if (j < je) {
+                const int64_t off = (j % a.slots) * kv_dim + (int64_t)kh * D;
+                kr = kc + off;
+                vr = vc + off;
+            }
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const int d = lane + WARP * e;
+                k[u][e] = kr && d < D ? kr[d] : 0.0f;
+                v[u][e] = vr && d < D ? vr[d] : 0.0f;
+            }
+        }
+    };
+
+    /* the first tile: rows earlier steps wrote, so before the wait (the one
+     * holding the current position is loaded after the store below) */
+    const int64_t first = jb + (int64_t)warp * AS_KT;
+    const bool first_has_p = first < je && first <= p && p < first + AS_KT;
+    float k[AS_KT][E], v[AS_KT][E];
+    if (!first_has_p) load(first, k, v);
+    if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
+    pdl_wait();
+    pdl_release();
+
+    /* this KV head's G query heads, roped: pairs (t, t + half) */
+    __shared__ float qs[AS_G][E * WARP];
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        const float *hq = qkv + (int64_t)(kh * G + g) * D;
+        float y = hq[d];
+        if (d < 2 * half) {
+            const int t = d < half ? d : d - half;
+            float c, s;
+            step_cos_sin(a, p, t, half, &c, &s);
+            const float x0 = hq[t], x1 = hq[t + half];
+            y = d < half ? x0 * c - x1 * s : x1 * c + x0 * s; /* as rope_kv_kernel */
+        }
+        qs[g][d] = y;
+    }
+    if (owner) { /* rope k in place, store k and v into the slot of p */
+        float *kq = qkv + q_dim + (int64_t)kh * D;
+        const float *vq = qkv + q_dim + kv_dim + (int64_t)kh * D;
+        const int64_t off = (p % a.slots) * kv_dim + (int64_t)kh * D;
+        for (int t = threadIdx.x; t < D; t += blockDim.x) {
+            if (t < half) {
+                float c, s;
+                step_cos_sin(a, p, t, half, &c, &s);
+                const float x0 = kq[t], x1 = kq[t + half];
+                const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+                kc[off + t] = y0;
+                kc[off + t + half] = y1;
+                kq[t] = y0;
+                kq[t + half] = y1;
+            } else if (t >= 2 * half) {
+                kc[off + t] = kq[t];
+            }
+            vc[off + t] = vq[t];
+        }
+    }
+    __syncthreads(); /* qs complete; the store visible to this block */
+    if (first_has_p) load(first, k, v);
+
+    float q[AS_G][E], acc[AS_G][E], m[AS_G], l[AS_G];
+#pragma unroll
+    for (int g = 0; g < AS_G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const int d = lane + WARP * e;
+            q[g][e] = g < G && d < D ? qs[g][d] * a.scale : 0.0f;
+            acc[g][e] = 0.0f;
+        }
+    }
+
+    /* a warp owns every AS_WARPS-th tile of AS_KT keys; the next tile's
+     * loads are issued before the current one is scored */
+    constexpr int STRIDE = AS_WARPS * AS_KT;
+    for (int64_t j0 = first; j0 < je; j0 += STRIDE) {
+        float k2[AS_KT][E], v2[AS_KT][E];
+        if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2);
+#pragma unroll
+        for (int g = 0; g < AS_G; g++) {
+            if (g >= G) break;
+            float sc[AS_KT];
+#pragma unroll
+            for (int u = 0; u < AS_KT; u++) {
+                float t = 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; e++) t = fmaf(q[g][e], k[u][e], t);
+                sc[u] = t;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int u = 0; u < AS_KT; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+            float mn = m[g];
+#pragma unroll
+            for (int u = 0; u < AS_KT; u++)
+                if (j0 + u < je) mn = fmaxf(mn, sc[u]);
+            const float c = expf(m[g] - mn);
+            l[g] *= c;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[g][e] *= c;
+#pragma unroll
+            for (int u = 0; u < AS_KT; u++) {
+                if (j0 + u >= je) break;
+                const float pe = expf(sc[u] - mn);
+                l[g] += pe;
+#pragma unroll
+                for (int e = 0; e < E; e++) acc[g][e] = fmaf(pe, v[u][e], acc[g][e]);
+            }
+            m[g] = mn;
+        }
+#pragma unroll
+        for (int u = 0; u < AS_KT; u++)
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                k[u][e] = k2[u][e];
+                v[u][e] = v2[u][e];
+            }
+    }
+
+    /* the warps' states -> this block's partial (fin_*), in shared memory */
+    __shared__ float sm_m[AS_WARPS][AS_G], sm_l[AS_WARPS][AS_G];
+    __shared__ float sm_acc[AS_WARPS][AS_G][E * WARP];
+    __shared__ float fin_m[AS_G], fin_l[AS_G], fin_a[AS_G][E * WARP];
+#pragma unroll
+    for (int g = 0; g < AS_G; g++) {
+        if (lane == 0) {
+            sm_m[warp][g] = m[g];
+            sm_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int e = 0; e < E; e++) sm_acc[warp][g][lane + WARP * e] = acc[g][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        float M = -INFINITY;
+        for (int w = 0; w < AS_WARPS; w++) M = fmaxf(M, sm_m[w][g]);
+        float L = 0.0f, A = 0.0f;
+        if (M != -INFINITY) {
+            for (int w = 0; w < AS_WARPS; w++) {
+                const float f = expf(sm_m[w][g] - M);
+                L += sm_l[w][g] * f;
+                A += sm_acc[w][g][d] * f;
+            }
+        }
+        fin_a[g][d] = A;
+        if (d == 0) {
+            fin_m[g] = M;
+            fin_l[g] = L;
+        }
+    }
+    cl.sync(); /* every block's partial is in its shared memory; every q read is done */
+
+    if (rank == 0) /* q roped in place, as rope_kv leaves it */
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x) qkv[(int64_t)(kh * G + i / D) * D + i % D] = qs[i / D][i % D];
+
+    /* the splits' weights, once: blocks in ascending order (as the merge kernel) */
+    __shared__ float rm[AS_CMAX][AS_G], rl[AS_CMAX][AS_G], wgt[AS_CMAX][AS_G], tot[AS_G];
+    if (threadIdx.x < C * G) {
+        const int c = threadIdx.x / G, g = threadIdx.x % G;
+        rm[c][g] = cl.map_shared_rank(&fin_m[0], c)[g];
+        rl[c][g] = cl.map_shared_rank(&fin_l[0], c)[g];
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+        const int g = threadIdx.x;
+        float M = -INFINITY;
+        for (int c = 0; c < C; c++) M = fmaxf(M, rm[c][g]);
+        float L = 0.0f;
+        for (int c = 0; c < C; c++) {
+            const float f = rm[c][g] == -INFINITY ? 0.0f : expf(rm[c][g] - M); /* 0: an empty split */
+            wgt[c][g] = f;
+            L += rl[c][g] * f;
+        }
+        tot[g] = L;
+    }
+    __syncthreads();
+
+    /* this block's slice of the G x D outputs, gated */
+    const int outs = G * D, slice = (outs + C - 1) / C;
+    const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
+    for (int i = rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        float A = 0.0f;
+        for (int c = 0; c < C; c++)
+            if (wgt[c][g] != 0.0f) A += cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] * wgt[c][g];
+        float o = A / tot[g];
+        const int h = kh * G + g;
+        if (a.gate) o *= 1.0f / (1.0f + expf(-a.gate[h]));
+        a.out[(int64_t)h * D + d] = o;
+    }
+    cl.sync(); /* no block leaves while a partner may still read its shared memory */
+#endif
+}
+
+template <int E>
+cudaError_t launch_step(cudaStream_t st, const cu_attn_args *a, int cluster)
+{
+    return launch_cluster_ex(a->pdl != 0, cluster, dim3((unsigned)(a->n_head_kv * cluster)), dim3(AS_WARPS * WARP), 0,
+                             st, attn_step_kernel<E>, *a);
+}
+
+/* Whether clusters of c blocks of fn can run here. */
+template <int E>
+bool cluster_runs(int c)
+{
+    void (*fn)(cu_attn_args) = attn_step_kernel<E>;
+    if (c > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)c);
+    cfg.blockDim = dim3(AS_WARPS * WARP);
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = (unsigned)c;
+    at.val.clusterDim.y = 1;
+    at.val.clusterDim.z = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    const bool ok = cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess && n > 0;
+    cudaGetLastError();
+    return ok;
+}
+
+} // namespace
+
+int cu_attn_step_cluster(int device, int want)
+{
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
+        cudaGetLastError();
+        return 0;
+    }
+    for (int c = want > AS_CMAX ? AS_CMAX : want; c >= 2; c /= 2)
+        if (cluster_runs<1>(c) && cluster_runs<2>(c) && cluster_runs<4>(c) && cluster_runs<8>(c)) return c;
+    return 0;
+}
+
+int cu_attn_step_ok(const cu_attn_args *a)
+{
+    return a->n == 1 && a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->n_head / a->n_head_kv <= AS_G &&
+           a->head_dim > 0 && a->head_dim <= 8 * WARP && a->rot_dims >= 0 && a->rot_dims <= a->head_dim &&
+           a->rot_dims % 2 == 0;
+}
+
+cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster)
+{
+    if (cluster < 2 || cluster > AS_CMAX || !cu_attn_step_ok(a)) return cudaErrorInvalidValue;
+    const int D = a->head_dim;
+    cudaError_t e = D <= 32 ? launch_step<1>(st, a, cluster)
+                    : D <= 64 ? launch_step<2>(st, a, cluster)
+                    : D <= 128 ? launch_step<4>(st, a, cluster)
+                               : launch_step<8>(st, a, cluster);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+}
