@@ -32,11 +32,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
   echo done >/tmp/m4b2.done
   timeout 300 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1
   echo done >/tmp/m4b.done ) &
-if [ -d "$BIN/wheels" ]; then
-    for pkg in gguf openai; do
-        timeout 60 python3 -m pip install -q --no-index --find-links "$BIN/wheels" $([ $pkg = gguf ] && echo --no-deps) $pkg >"$OUT/pip.log" 2>&1 &&
-            note "$pkg installed" || note "$pkg: not installed ($(tail -1 "$OUT/pip.log"))"
-    done
+if [ -d "$BIN/wheels" ]; then # each wheel alone (--no-deps: the device has numpy and torch)
+    timeout 90 python3 -m pip install -q --no-index --no-deps "$BIN"/wheels/*.whl >"$OUT/pip.log" 2>&1 &&
+        note "wheels installed: $(ls "$BIN/wheels" | cut -d- -f1 | tr '\n' ' ')" || note "wheels: not installed ($(tail -1 "$OUT/pip.log"))"
 fi
 export SPARK_BIN=$BIN/spark
 "$SPARK_BIN" --help >/dev/null 2>&1 || { note "carried spark does not run: $(ldd "$SPARK_BIN" | grep 'not found')"; exit 1; }

@@ -256,7 +256,12 @@ def test_flash_prefill_matches_cpu(flash_models, name, batch, tmp_path):
 # tight budgets, prefill looser ones; every TurboQuant budget is far below
 # the distance between the format and the exact f32 cache (the teeth check:
 # a wrong rotation, sign table or codebook moves the logits by at least that).
-# Budgets from the measurement (bench/cuda_runs.md, issue 7 runs).
+# Budgets from the measurement (bench/cuda_runs.md, issue 7 runs). f16 decode:
+# 2.5e-4, the bf16 budget's headroom over its measurement (3.9e-4 -> 1e-3)
+# applied to f16's 8x finer rounding: which elements flip moves with any fp32
+# reordering upstream (9e-5 -> 1.2e-4 when the attention's splits changed,
+# run 8), while a wrong cache (format, rotation, slot) moves the logits by
+# far more.
 
 KV_FLAGS = {
     "f16": ["--kv-type", "f16"],
@@ -268,7 +273,7 @@ KV_FLAGS = {
     "tq4-all": ["--kv-bits", "4", "--kv-layers", "all"],
 }
 # (decode vs CPU, prefill vs CPU and decode vs prefill)
-KV_TOL = {"f16": (1e-4, 1e-3), "bf16": (1e-3, 5e-3), "tq4": (1e-4, 1e-3), "tq3.5": (1e-4, 1e-3),
+KV_TOL = {"f16": (2.5e-4, 1e-3), "bf16": (1e-3, 5e-3), "tq4": (1e-4, 1e-3), "tq3.5": (1e-4, 1e-3),
           "tq3": (1e-4, 1e-3), "tq2": (1e-4, 1e-3), "tq4-all": (1e-2, 2e-2)}
 KV_SHAPES = ["d256_gqa4_w16", "gqa4_w8"]  # head_dim 256 and 32, GQA 4, rings that wrap
 
