@@ -12,6 +12,8 @@
 # for the GPU server test); unpacked here first. SWEEP: decode configurations, each run as
 # `cuda_bench --ctx 4096 --prefill 512 --decode 256` with its variables set;
 # `full` adds context 32k for the first two. TESTS=0 skips the test files.
+# QUANT=1: the 36-layer model also quantized to Q8_0 and Q4_K here, decoded
+# with the fast path and SPARK_CUDA_FAST=0, and their GEMV chains.
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/cuda-decode}
@@ -54,6 +56,20 @@ for cfg in "${CONFIGS[@]}"; do
         tee -a "$OUT/bench.log" | grep -E "^decode|rror" | head -2 | tr '\n' ' ')
     note "$label [$vars]: $line"
 done
+if [ "${QUANT:-0}" = 1 ]; then # the 36-layer 4B shape quantized here, decoded with and without the fast path
+    for fmt in q8_0 q4_k; do
+        stamp "quantize to $fmt"
+        timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
+        for cfg in "default:" "generic:SPARK_CUDA_FAST=0"; do
+            line=$(env ${cfg#*:} timeout 120 "$BIN/cuda_bench" /tmp/m4b-$fmt.gguf --ctx 4096 --prefill 512 --decode 256 2>&1 |
+                tee -a "$OUT/bench.log" | grep -E "^decode|rror" | head -2 | tr '\n' ' ')
+            note "$fmt ${cfg%%:*} [${cfg#*:}]: $line"
+        done
+        [ -x "$BIN/cuda_gemv_bench" ] && CHAINS=fgemv timeout 120 "$BIN/cuda_gemv_bench" --layers 36 --reps 20 --dtype $fmt 2>&1 |
+            sed "s/^/$fmt /" | tee -a "$SUMMARY"
+        rm -f /tmp/m4b-$fmt.gguf
+    done
+fi
 if [ -x "$BIN/cuda_gemv_bench" ]; then
     stamp "GEMV chains and the attention path alone (bench/cuda_gemv_bench.cu)"
     timeout 120 "$BIN/cuda_gemv_bench" --layers 36 --reps 20 2>&1 | tee -a "$SUMMARY"
@@ -82,4 +98,8 @@ stamp "memcheck (spark-tiny decode)"
 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$OUT/sanitizer.log" 2>&1
 note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+"$SPARK_BIN" quantize models/spark-tiny /tmp/tiny-q4k.gguf --type q4_k -q >/dev/null 2>&1
+timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    "$SPARK_BIN" logits /tmp/tiny-q4k.gguf --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$OUT/sanitizer-q4k.log" 2>&1
+note "memcheck (spark-tiny q4_k): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-q4k.log" | tail -1)"
 stamp done

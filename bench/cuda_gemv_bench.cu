@@ -5,8 +5,10 @@
  * weight stream itself, per matrix kind, next to cuBLAS doing the same
  * products (one cublasGemmEx per matrix, n = 1).
  *
- *   cuda_gemv_bench [--layers 36] [--reps 20]
+ *   cuda_gemv_bench [--layers 36] [--reps 20] [--dtype bf16|q8_0|q4_k]
  *
+ * --dtype: the matrices in that format (quantized: hashed bytes in the
+ * device layout, cu_repack_rows; the cuBLAS chain is bf16 only).
  * Each layer has its own weights (no L2 reuse across layers, as in a real
  * step); values are hashed bf16 numbers of size ~0.02 (never zeros).
  * The attention path of a layer (rope_kv, split-KV attention with the head
@@ -50,17 +52,35 @@ static __global__ void fill_f32(float *x, size_t n, float v)
         x[i] = v * (float)((i % 7) + 1);
 }
 
+static __global__ void fill_bytes(uint8_t *w, size_t n, unsigned seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned h = (unsigned)i * 2654435761u ^ seed;
+        h ^= h >> 13;
+        h *= 0x5bd1e995u;
+        w[i] = (uint8_t)(h >> 17 & 0x3b); /* keeps f16 scales finite and small */
+    }
+}
+
 struct layer {
-    __nv_bfloat16 *qkv, *g, *o, *gate, *up, *down;
+    const void *qkv, *g, *o, *gate, *up, *down;
 };
+
+static int dtype = CU_BF16;
+
+static int64_t row_bytes(int64_t cols)
+{
+    return dtype == CU_Q8_0 ? cols / 32 * 34 : dtype == CU_Q4_K ? cols / 256 * 144 : cols * 2;
+}
 
 enum { H = 2560, FF = 10240, QD = 4096, QKV = 6144, G = 16 };
 
-static __nv_bfloat16 *alloc_w(size_t rows, size_t cols, unsigned seed)
+static const void *alloc_w(size_t rows, size_t cols, unsigned seed)
 {
-    __nv_bfloat16 *w;
-    CK(cudaMalloc((void **)&w, rows * cols * 2));
-    fill_bf16<<<1024, 256>>>(w, rows * cols, seed);
+    void *w;
+    CK(cudaMalloc(&w, rows * row_bytes(cols)));
+    if (dtype == CU_BF16) fill_bf16<<<1024, 256>>>((__nv_bfloat16 *)w, rows * cols, seed);
+    else fill_bytes<<<1024, 256>>>((uint8_t *)w, rows * row_bytes(cols), seed);
     CK(cudaGetLastError());
     return w;
 }
@@ -73,6 +93,10 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) L = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--pos") && i + 1 < argc) pos = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            const char *d = argv[++i];
+            dtype = !strcmp(d, "q8_0") ? CU_Q8_0 : !strcmp(d, "q4_k") ? CU_Q4_K : CU_BF16;
+        }
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -133,34 +157,38 @@ int main(int argc, char **argv)
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(blas, st);
 
-    const double lb_qkv = (double)(QKV + G) * H * 2, lb_o = (double)H * QD * 2, lb_ff = 2.0 * FF * H * 2,
-                 lb_down = (double)H * FF * 2;
+    const double lb_qkv = (double)(QKV + G) * row_bytes(H), lb_o = (double)H * row_bytes(QD),
+                 lb_ff = 2.0 * FF * row_bytes(H), lb_down = (double)H * row_bytes(FF);
 
     auto fg_qkv = [&](int l, int pdl) {
         cu_fgemv_args a;
         memset(&a, 0, sizeof a);
+        a.dtype = dtype;
         a.x = x, a.nw = nw, a.eps = 1e-6f, a.xn = xn;
         a.w0 = ly[l].qkv, a.rows0 = QKV, a.w1 = ly[l].g, a.rows1 = G, a.out0 = qkv, a.out1 = gb;
-        a.row_bytes = H * 2, a.cols = H;
+        a.row_bytes = row_bytes(H), a.cols = H;
         CK(cu_fgemv(st, &a, sms, pdl));
     };
     auto fg_o = [&](int l, int pdl) {
         cu_fgemv_args a;
         memset(&a, 0, sizeof a);
-        a.x = att, a.w0 = ly[l].o, a.rows0 = H, a.out0 = proj, a.resid = x, a.row_bytes = QD * 2, a.cols = QD;
+        a.dtype = dtype;
+        a.x = att, a.w0 = ly[l].o, a.rows0 = H, a.out0 = proj, a.resid = x, a.row_bytes = row_bytes(QD), a.cols = QD;
         CK(cu_fgemv(st, &a, sms, pdl));
     };
     auto fg_ff = [&](int l, int pdl) {
         cu_fgemv_args a;
         memset(&a, 0, sizeof a);
+        a.dtype = dtype;
         a.x = x, a.nw = nw, a.eps = 1e-6f, a.xn = xn, a.pair = 1;
-        a.w0 = ly[l].gate, a.w1 = ly[l].up, a.rows0 = FF, a.out0 = fa, a.out1 = fb, a.row_bytes = H * 2, a.cols = H;
+        a.w0 = ly[l].gate, a.w1 = ly[l].up, a.rows0 = FF, a.out0 = fa, a.out1 = fb, a.row_bytes = row_bytes(H), a.cols = H;
         CK(cu_fgemv(st, &a, sms, pdl));
     };
     auto fg_down = [&](int l, int pdl) {
         cu_fgemv_args a;
         memset(&a, 0, sizeof a);
-        a.x = fa, a.w0 = ly[l].down, a.rows0 = H, a.out0 = proj, a.resid = x, a.row_bytes = FF * 2, a.cols = FF;
+        a.dtype = dtype;
+        a.x = fa, a.w0 = ly[l].down, a.rows0 = H, a.out0 = proj, a.resid = x, a.row_bytes = row_bytes(FF), a.cols = FF;
         CK(cu_fgemv(st, &a, sms, pdl));
     };
     float *tab;
@@ -201,7 +229,7 @@ int main(int argc, char **argv)
         CK(cu_attention(st, &a));
     };
     const float one = 1.0f, zero = 0.0f;
-    auto blas_mv = [&](const __nv_bfloat16 *w, int rows, int cols, const float *in, float *out) {
+    auto blas_mv = [&](const void *w, int rows, int cols, const float *in, float *out) {
         /* cuBLAS on bf16 x needs x in bf16: use the f32-in / bf16-weight path of GemmEx with x as f32? not allowed
          * for mixed types, so convert once per step outside the timing: x is fed as bf16 scratch */
         static __nv_bfloat16 *xb = NULL;
@@ -237,6 +265,7 @@ int main(int argc, char **argv)
     for (const chain &c : chains) {
         if (only && !strcmp(only, "fgemv") && (c.kind & (16 | 32 | 64))) continue;
         if ((c.kind & 4096) && !cluster) continue; /* no clusters on this device */
+        if ((c.kind & 16) && dtype != CU_BF16) continue; /* cuBLAS: bf16 matrices only */
         cudaGraph_t g;
         cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));

@@ -195,6 +195,37 @@ def test_spark_tiny_formats_match_cpu(gpu, fmt, tmp_path):
           cpu[:24])
 
 
+FG_DTYPE = {"q8_0": 3, "q4_k": 5}  # the CU_ dtype codes SPARK_CUDA_FG_SHOW prints
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+@pytest.mark.parametrize("model", ["spark-tiny", "d256_gqa4_w16"])
+def test_quantized_fgemv_matches_cpu(models, model, fmt, tmp_path, monkeypatch):
+    """Decode with Q8_0 / Q4_K matrices on the fast GEMV (cuda_fgemv.cu: rows in
+    the device layout made at upload, the norm, qkv + gate, the gate/up pair with
+    GELU and the residual adds fused, the tied head): every matrix kind must have
+    run through it (SPARK_CUDA_FG_SHOW lists the launches) and the logits agree
+    with the CPU's float path (prefill on the CPU dequantizes exactly)."""
+    src = TINY if model == "spark-tiny" else models[(model, "bf16")].hf
+    ids = TINY_IDS[:24] if model == "spark-tiny" else models[(model, "bf16")].ids[:40]
+    path = tmp_path / f"{model}-{fmt}.gguf"
+    run_spark(["quantize", src, path, "--type", fmt, "-q"])
+    cpu = logits(tmp_path, path, ids, "--all")
+    monkeypatch.setenv("SPARK_CUDA_FG_SHOW", "1")
+    out = tmp_path / "dec.npy"
+    proc = run_spark(["logits", path, "--ids", ",".join(map(str, ids)), "--out", out, "--all", "--mode", "decode",
+                      "--gpu"])
+    shown = [x for x in proc.stderr.splitlines() if x.startswith("fgemv ") and f"(dtype {FG_DTYPE[fmt]})" in x]
+    assert any(" pair " in x for x in shown), f"no {fmt} gate/up pair on fgemv:\n{proc.stderr[-1500:]}"
+    vocab = cpu.shape[-1]
+    assert any(x.startswith(f"fgemv {vocab} x ") for x in shown), f"the {fmt} head did not run on fgemv"
+    assert len({x.split(":")[0] for x in shown}) >= 4, f"too few {fmt} matrix kinds on fgemv:\n{shown}"
+    check(f"{model} {fmt} decode (fgemv)", np.load(out), cpu[: len(ids)])
+    monkeypatch.setenv("SPARK_CUDA_FAST", "0")  # the generic kernels read the same device layout
+    check(f"{model} {fmt} decode (generic GEMV)",
+          logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu"), cpu[: len(ids)])
+
+
 def test_spark_tiny_greedy_text_identical(gpu):
     args = ["run", "-m", TINY, "-p", "And God said,", "-n", "64", "--temp", "0", "--seed", "1"]
     cpu = run_spark(args).stdout

@@ -88,8 +88,24 @@ spark_status tab_put(cuda_backend *cb, const void *host, void *dev)
     return SPARK_OK;
 }
 
-/* The device copy of `bytes` bytes at host address `host`, uploaded on first use. */
-spark_status upload(cuda_backend *cb, const void *host, size_t bytes, const char *what, void **dev)
+/* Copy a Q8_0 / Q4_K matrix (host) into d in the device layout (cu_repack_rows), through a staging buffer. */
+cudaError_t upload_repacked(cuda_backend *cb, void *d, const weight_ref *w, size_t bytes)
+{
+    void *stage = NULL;
+    cudaError_t e = cudaMalloc(&stage, bytes);
+    if (e == cudaSuccess) e = cudaMemcpy(stage, w->data, bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess)
+        e = cu_repack_rows(cb->st, d, stage, w->dtype, (int64_t)w->rows, (int64_t)w->cols,
+                           (int64_t)dtype_row_bytes(w->dtype, (uint64_t)w->cols));
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->st);
+    if (stage) cudaFree(stage);
+    return e;
+}
+
+/* The device copy of `bytes` bytes at host address `host`, uploaded on first
+ * use; a weight matrix `w` (else NULL) in the format's device layout. */
+spark_status upload(cuda_backend *cb, const void *host, size_t bytes, const char *what, void **dev,
+                    const weight_ref *w = NULL)
 {
     if ((*dev = tab_find(cb, host))) return SPARK_OK;
     void *d = NULL;
@@ -99,8 +115,10 @@ spark_status upload(cuda_backend *cb, const void *host, size_t bytes, const char
         return spark_fail(SPARK_ERR_NOMEM, "CUDA backend: cannot allocate %zu bytes of device memory for %s (%s)",
                           bytes, what, cudaGetErrorString(e));
     }
-    e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+    if (w && cu_repack_kind(w->dtype)) e = upload_repacked(cb, d, w, bytes);
+    else e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
+        cudaGetLastError();
         cudaFree(d);
         return spark_fail(SPARK_ERR_INTERNAL, "CUDA backend: uploading %s failed (%s)", what, cudaGetErrorString(e));
     }
@@ -119,7 +137,8 @@ size_t weight_bytes(const weight_ref *w) { return (size_t)dtype_row_bytes(w->dty
 const void *dev_weight(cuda_backend *cb, const weight_ref *w)
 {
     void *d;
-    if (upload(cb, w->data, weight_bytes(w), w->name, &d) != SPARK_OK) cuda_fatal("upload", spark_last_error(), __FILE__, __LINE__);
+    if (upload(cb, w->data, weight_bytes(w), w->name, &d, w) != SPARK_OK)
+        cuda_fatal("upload", spark_last_error(), __FILE__, __LINE__);
     return d;
 }
 
@@ -275,10 +294,11 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_EMBED: CK(cu_embed(st, c->out, c->w, c->dtype, c->cols, c->row_bytes, c->ids, c->n)); return;
     case OP_RMSNORM: CK(cu_rmsnorm(st, c->out, c->x, c->y, c->n, (int)c->cols, c->eps)); return;
     case OP_MATMUL:
-        if (c->n == 1 && cb->fast && c->dtype == SPARK_DTYPE_BF16 &&
-            cu_fgemv_ok(c->cols, c->row_bytes, c->w, c->rows) && ((uintptr_t)c->x % 16) == 0) {
+        if (c->n == 1 && cb->fast && cu_fgemv_ok(c->dtype, c->cols, c->row_bytes, c->w, c->rows) &&
+            ((uintptr_t)c->x % 16) == 0) {
             cu_fgemv_args a;
             memset(&a, 0, sizeof a);
+            a.dtype = c->dtype;
             a.w0 = c->w;
             a.out0 = c->out;
             a.x = c->x;
@@ -709,15 +729,15 @@ spark_status upload_model(cuda_backend *cb, const spark_model *m)
     const spark_model_config *c = &m->cfg;
     void *d;
     size_t norm = (size_t)c->n_embd * sizeof(float);
-    TRY(upload(cb, m->embedding.data, weight_bytes(&m->embedding), m->embedding.name, &d));
-    TRY(upload(cb, m->head.data, weight_bytes(&m->head), m->head.name, &d)); /* tied: found, not copied */
+    TRY(upload(cb, m->embedding.data, weight_bytes(&m->embedding), m->embedding.name, &d, &m->embedding));
+    TRY(upload(cb, m->head.data, weight_bytes(&m->head), m->head.name, &d, &m->head)); /* tied: found, not copied */
     TRY(upload(cb, m->final_norm, norm, "output_norm", &d));
     for (int i = 0; i < c->n_layer; i++) {
         const layer_weights *L = &m->layers[i];
         TRY(upload(cb, L->attn_norm, norm, "attn_norm", &d));
         TRY(upload(cb, L->ffn_norm, norm, "ffn_norm", &d));
         const weight_ref *mats[] = {&L->qkv, &L->gate, &L->out, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        for (const weight_ref *w : mats) TRY(upload(cb, w->data, weight_bytes(w), w->name, &d));
+        for (const weight_ref *w : mats) TRY(upload(cb, w->data, weight_bytes(w), w->name, &d, w));
     }
     return SPARK_OK;
 }

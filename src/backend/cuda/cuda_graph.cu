@@ -68,8 +68,7 @@ void record(cuda_backend *cb, const cmd *c)
 
 bool fg_matmul_ok(const cmd *m)
 {
-    return m->op == OP_MATMUL && m->n == 1 && m->dtype == SPARK_DTYPE_BF16 &&
-           cu_fgemv_ok(m->cols, m->row_bytes, m->w, m->rows);
+    return m->op == OP_MATMUL && m->n == 1 && cu_fgemv_ok(m->dtype, m->cols, m->row_bytes, m->w, m->rows);
 }
 
 bool al16(const void *p) { return ((uintptr_t)p % 16) == 0; }
@@ -165,6 +164,7 @@ void fuse(cuda_backend *cb)
             const cmd *m1 = &q[i + 1];
             cmd f = new_cmd(OP_FGEMV, 1);
             cu_fgemv_args *a = &f.fg;
+            a->dtype = m1->dtype;
             a->x = c->x;
             a->nw = c->y;
             a->eps = c->eps;
@@ -176,7 +176,8 @@ void fuse(cuda_backend *cb)
             a->cols = (int)m1->cols;
             size_t used = 2;
             const cmd *m2 = i + 2 < n ? &q[i + 2] : NULL;
-            if (m2 && fg_matmul_ok(m2) && m2->x == c->out && m2->cols == m1->cols && m2->row_bytes == m1->row_bytes &&
+            if (m2 && fg_matmul_ok(m2) && m2->dtype == m1->dtype && m2->x == c->out && m2->cols == m1->cols &&
+                m2->row_bytes == m1->row_bytes &&
                 m2->out != m1->out && m2->out != c->x) {
                 const cmd *g = i + 3 < n ? &q[i + 3] : NULL;
                 if (g && g->op == OP_GELU && g->out == m1->out && g->x == m2->out && g->count == m1->rows &&
@@ -202,6 +203,7 @@ void fuse(cuda_backend *cb)
             q[i + 1].count == c->rows && q[i + 1].out != c->x && q[i + 1].out != c->out && c->out != c->x) {
             cmd f = new_cmd(OP_FGEMV, 1);
             cu_fgemv_args *a = &f.fg;
+            a->dtype = c->dtype;
             a->x = c->x;
             a->w0 = c->w;
             a->out0 = c->out;
@@ -337,7 +339,7 @@ cu_mega *mega_build(cuda_backend *cb)
             p->out = c->out;
         } else if (c->op == OP_FGEMV) {
             p->kind = CU_MK_GEMV;
-            p->dtype = SPARK_DTYPE_BF16; /* fuse() makes OP_FGEMV of bf16 matrices only */
+            p->dtype = c->fg.dtype; /* the persistent kernel takes bf16 only */
             p->fg = c->fg;
         } else if (c->op == OP_ATTN && c->attn.step) { /* rope, store and attention in one command */
             p->kind = CU_MK_ATTN;

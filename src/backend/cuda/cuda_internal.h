@@ -23,6 +23,16 @@ enum {
  * needs no C include. */
 enum { CU_F32 = 0, CU_F16, CU_BF16, CU_Q8_0, CU_Q4_0, CU_Q4_K, CU_Q6_K };
 
+/* Q8_0 and Q4_K matrices live on the device in a layout of their own, made
+ * at upload by cu_repack_rows (cuda_fgemv.cu): each row's quants first, then
+ * its scales (Q8_0: the f16 d of every block; Q4_K: every superblock's
+ * 16-byte header), the same bytes and row size as the file's. Every kernel
+ * that reads such weights (dq32: cu_gemv, cu_dequant_rows, cu_embed; fgemv)
+ * reads that layout. */
+int cu_repack_kind(int dtype);
+cudaError_t cu_repack_rows(cudaStream_t st, void *dst, const void *src, int dtype, int64_t rows, int64_t cols,
+                           int64_t row_bytes);
+
 /* out[t, r] = x[t, :] . W[r, :] for t < n (n <= CUDA_GEMV_MAX_TOKENS).
  * W: rows x cols in `dtype`, row_bytes apart. */
 cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, int dtype, int64_t rows,
@@ -119,6 +129,7 @@ cudaError_t cu_flash_attention(cudaStream_t st, const cu_attn_args *a);
  * Weights are read before the dependency wait (they never change), so under
  * programmatic dependent launch (pdl) the loads overlap the previous kernel. */
 typedef struct cu_fgemv_args {
+    int dtype;        /* CU_BF16, CU_Q8_0 or CU_Q4_K (quantized rows in cu_repack_rows' layout) */
     const void *w0, *w1;
     float *out0, *out1, *resid, *xn;
     const float *x, *nw;
@@ -132,8 +143,8 @@ typedef struct cu_fgemv_args {
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
 } cu_fgemv_args;
 
-/* Whether cu_fgemv takes this shape (else use cu_gemv). */
-int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows);
+/* Whether cu_fgemv takes this format and shape (else use cu_gemv). */
+int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64_t rows);
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl);
 /* Launch shape choice: the KB in flight per SM below which cu_fgemv's
  * model assumes less bandwidth (SPARK_CUDA_FG_FLY; 0 = the default, 96). */

@@ -44,7 +44,9 @@ __device__ __forceinline__ void q4k_scale_min(const uint8_t *s, int j, int *sc, 
 }
 
 /* y[0..31] = values [32g, 32g + 32) of a row (zeros past `cols` for the plain
- * formats; block formats always hold whole groups). Layouts: model/quant.c. */
+ * formats; block formats always hold whole groups). Layouts: model/quant.c,
+ * except Q8_0 and Q4_K, which are in the device layout of cu_repack_rows
+ * (quants first, then the row's scales / superblock headers). */
 __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, float *y)
 {
     int64_t c0 = g * 32;
@@ -64,9 +66,8 @@ __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, flo
         }
         return;
     case CU_Q8_0: {
-        const uint8_t *b = row + g * 34;
-        float d = h2f(ld16(b));
-        const int8_t *q = (const int8_t *)(b + 2);
+        float d = h2f(ld16(row + cols + 2 * g));
+        const int8_t *q = (const int8_t *)(row + 32 * g);
         for (int i = 0; i < 32; i++) y[i] = d * (float)q[i];
         return;
     }
@@ -80,12 +81,12 @@ __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, flo
         return;
     }
     case CU_Q4_K: {
-        const uint8_t *b = row + (g / 8) * 144;
+        const uint8_t *b = row + cols / 2 + (g / 8) * 16; /* the superblock's header */
         int j = (int)(g % 8);
         float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
         int sc, mn;
         q4k_scale_min(b + 4, j, &sc, &mn);
-        const uint8_t *q = b + 16 + 32 * (j / 2); /* chunk j/2: sub 2c low nibbles, 2c+1 high */
+        const uint8_t *q = row + (g / 8) * 128 + 32 * (j / 2); /* chunk j/2: sub 2c low nibbles, 2c+1 high */
         int shift = 4 * (j & 1);
         float a = d * (float)sc, m = dmin * (float)mn;
         for (int l = 0; l < 32; l++) y[l] = a * (float)((q[l] >> shift) & 0x0F) - m;
@@ -551,139 +552,7 @@ __global__ void set_i64_kernel(int64_t *dst, int64_t v) { *dst = v; }
 __global__ void set_i32_kernel(int32_t *dst, int32_t v) { *dst = v; }
 
 
-/* ---- fast decode path -------------------------------------------------------- */
-
-constexpr int FG_THREADS = 256, FG_WARPS = FG_THREADS / WARP;
-
-/* acc += the 8 bf16 weights of w times x0 | x1 */
-__device__ __forceinline__ float dot8_bf16(uint4 w, float4 x0, float4 x1, float acc)
-{
-    acc = fmaf(__uint_as_float(w.x << 16), x0.x, acc);
-    acc = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, acc);
-    acc = fmaf(__uint_as_float(w.y << 16), x0.z, acc);
-    acc = fmaf(__uint_as_float(w.y & 0xffff0000u), x0.w, acc);
-    acc = fmaf(__uint_as_float(w.z << 16), x1.x, acc);
-    acc = fmaf(__uint_as_float(w.z & 0xffff0000u), x1.y, acc);
-    acc = fmaf(__uint_as_float(w.w << 16), x1.z, acc);
-    acc = fmaf(__uint_as_float(w.w & 0xffff0000u), x1.w, acc);
-    return acc;
-}
-
-/* Work: "groups" of FG_WARPS / KS rows (row pairs when PAIR); warp w of a
- * block takes row w / KS of the group and the (w % KS)-th of KS equal column
- * segments, each lane NV 16-byte loads of it (all issued before any is
- * used). Blocks stride over the groups; the next group's loads are issued
- * as soon as the current one's are consumed, before its reduction. x (after
- * the optional norm) lives in shared memory. */
-template <int NV, int KS, bool PAIR>
-__global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
-{
-    constexpr int NR = PAIR ? 2 : 1;
-    constexpr int RPG = FG_WARPS / KS;
-    extern __shared__ float4 xs4[];
-    __shared__ float part[2][FG_WARPS][NR];
-    __shared__ float red[FG_WARPS];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int seg = warp % KS, rl = warp / KS;
-    const int nvec = a.cols / 8;
-    const int seglen = (nvec + KS - 1) / KS;
-    const int s0 = seg * seglen;
-    const int s1 = s0 + seglen < nvec ? s0 + seglen : nvec;
-    const int64_t R = PAIR ? a.rows0 : a.rows0 + a.rows1;
-    const int64_t groups = (R + RPG - 1) / RPG;
-    const uint8_t *w0 = (const uint8_t *)a.w0, *w1 = (const uint8_t *)a.w1;
-
-    uint4 v[NR][NV];
-    auto load = [&](int64_t g) {
-        const int64_t r = g * RPG + rl;
-        const uint4 *p0 = NULL, *p1 = NULL;
-        if (r < R) {
-            if (PAIR) {
-                p0 = (const uint4 *)(w0 + r * a.row_bytes);
-                p1 = (const uint4 *)(w1 + r * a.row_bytes);
-            } else {
-                p0 = (const uint4 *)(r < a.rows0 ? w0 + r * a.row_bytes : w1 + (r - a.rows0) * a.row_bytes);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int i = s0 + lane + WARP * k;
-            const bool ok = r < R && i < s1;
-            v[0][k] = ok ? __ldcs(p0 + i) : make_uint4(0, 0, 0, 0);
-            if (PAIR) v[NR - 1][k] = ok ? __ldcs(p1 + i) : make_uint4(0, 0, 0, 0);
-        }
-    };
-
-    int64_t g = blockIdx.x;
-    load(g); /* weights only: before the wait */
-    pdl_wait();
-    pdl_release();
-    if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (a.stamp_phase >= 0) a.stamps[1 + a.stamp_phase] += t - a.stamps[0];
-        a.stamps[0] = t;
-    }
-
-    load_norm_x<FG_THREADS, false>(a, xs4, red); /* x (RMS-normalised when nw) into shared memory */
-
-    int par = 0;
-    for (;;) {
-        float acc[NR];
-#pragma unroll
-        for (int q = 0; q < NR; q++) acc[q] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int i = s0 + lane + WARP * k;
-            if (i < s1) {
-                const float4 xa = xs4[2 * i], xb = xs4[2 * i + 1];
-#pragma unroll
-                for (int q = 0; q < NR; q++) acc[q] = dot8_bf16(v[q][k], xa, xb, acc[q]);
-            }
-        }
-        const int64_t r = g * RPG + rl;
-        const int64_t gn = g + gridDim.x;
-        if (gn < groups) load(gn); /* in flight during the reduction below */
-#pragma unroll
-        for (int q = 0; q < NR; q++) acc[q] = warp_sum(acc[q]);
-        bool mine = lane == 0 && r < R;
-        if (KS > 1) {
-            if (lane == 0) {
-#pragma unroll
-                for (int q = 0; q < NR; q++) part[par][warp][q] = acc[q];
-            }
-            __syncthreads(); /* the other buffer (par ^ 1) is rewritten only after the next one */
-            mine = mine && seg == 0;
-            if (mine) {
-#pragma unroll
-                for (int q = 0; q < NR; q++) {
-                    float s = 0.0f;
-                    for (int j = 0; j < KS; j++) s += part[par][warp + j][q];
-                    acc[q] = s;
-                }
-            }
-            par ^= 1;
-        }
-        if (mine) {
-            if (PAIR) {
-                const float ga = acc[0], up = acc[NR - 1];
-                a.out0[r] = 0.5f * ga * (1.0f + erff(ga * 0.70710678118654752f)) * up; /* exact erf form */
-                a.out1[r] = up;
-            } else if (r < a.rows0) {
-                a.out0[r] = acc[0];
-                if (a.resid) {
-                    float h = a.resid[r] + acc[0];
-                    if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
-                    a.resid[r] = h;
-                }
-            } else {
-                a.out1[r - a.rows0] = acc[0];
-            }
-        }
-        if (gn >= groups) break;
-        g = gn;
-    }
-}
+/* ---- rope of a decode step ------------------------------------------------------ */
 
 /* One block per head (q heads, then k heads, then v heads), one thread per
  * dim: rotate q and k pairs (angles in double, as rope_kernel), store k and
@@ -734,57 +603,6 @@ __global__ void rope_kv_kernel(float *qkv, int n_q, int n_kv, int D, const int64
         const float *vr = qkv + (int64_t)(n_q + n_kv) * D + (int64_t)kh * D;
         vc[slot * kv_dim + (int64_t)kh * D + t] = vr[t];
     }
-}
-
-typedef void (*fgemv_fn)(cu_fgemv_args);
-
-constexpr int FG_NV[] = {1, 2, 4, 5, 8, 10, 16};
-constexpr int FG_NNV = sizeof FG_NV / sizeof FG_NV[0];
-constexpr int FG_KS[] = {1, 2, 4, 8};
-constexpr int FG_NKS = 4;
-
-template <int KS, bool PAIR>
-fgemv_fn fg_pick_nv(int nvi)
-{
-    switch (nvi) {
-    case 0: return fgemv_kernel<1, KS, PAIR>;
-    case 1: return fgemv_kernel<2, KS, PAIR>;
-    case 2: return fgemv_kernel<4, KS, PAIR>;
-    case 3: return fgemv_kernel<5, KS, PAIR>;
-    case 4: return fgemv_kernel<8, KS, PAIR>;
-    case 5: return fgemv_kernel<10, KS, PAIR>;
-    default: return fgemv_kernel<16, KS, PAIR>;
-    }
-}
-
-fgemv_fn fg_pick(int ksi, int nvi, bool pair)
-{
-    switch (ksi) {
-    case 0: return pair ? fg_pick_nv<1, true>(nvi) : fg_pick_nv<1, false>(nvi);
-    case 1: return pair ? fg_pick_nv<2, true>(nvi) : fg_pick_nv<2, false>(nvi);
-    case 2: return pair ? fg_pick_nv<4, true>(nvi) : fg_pick_nv<4, false>(nvi);
-    default: return pair ? fg_pick_nv<8, true>(nvi) : fg_pick_nv<8, false>(nvi);
-    }
-}
-
-/* Resident blocks per SM of a kernel at a dynamic shared-memory size (cached). */
-int fg_occupancy(fgemv_fn fn, size_t smem)
-{
-    static struct {
-        fgemv_fn fn;
-        size_t smem;
-        int blocks;
-    } cache[256];
-    static int used;
-    for (int i = 0; i < used; i++)
-        if (cache[i].fn == fn && cache[i].smem == smem) return cache[i].blocks;
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, FG_THREADS, smem) != cudaSuccess) {
-        cudaGetLastError();
-        b = 0;
-    }
-    if (used < 256) cache[used++] = {fn, smem, b};
-    return b;
 }
 
 unsigned grid_for(int64_t count, int threads)
@@ -962,80 +780,6 @@ cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a)
                     (const float *)a->ws, a->splits, D, a->gate, a->pdl_early);
     if (err != cudaSuccess) return err;
     return cudaGetLastError();
-}
-
-int cu_fgemv_ok(int64_t cols, int64_t row_bytes, const void *w, int64_t rows)
-{
-    /* whole 16-byte vectors per row, x in shared memory (<= 46 KB), every
-     * segment within the largest instantiated NV at KS = 8 */
-    return cols > 0 && cols % 8 == 0 && row_bytes == cols * 2 && ((uintptr_t)w % 16) == 0 && cols * 4 <= 46 * 1024 &&
-           cols / 8 <= 8 * WARP * FG_NV[FG_NNV - 1] && rows > 0 && rows < ((int64_t)1 << 31);
-}
-
-double fg_fly = 96e3; /* bench/cuda_runs.md run 7: 48 KB left the out-projection at 41 KB per SM */
-
-void cu_fgemv_tune(int fly_kb) { fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 96e3; }
-
-/* The split (KS, NV) and blocks per SM with the least time: per-SM bytes
- * (padding and the last round's idle slots included) over a bandwidth share
- * that drops when under ~48 KB per SM are in flight. */
-cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
-{
-    const bool pair = a->pair != 0;
-    const int64_t R = pair ? a->rows0 : a->rows0 + a->rows1;
-    const int nvec = a->cols / 8;
-    const size_t smem = (size_t)a->cols * sizeof(float);
-    fgemv_fn best = NULL;
-    unsigned best_grid = 0;
-    double best_t = 0, best_fly = 0;
-    int best_ks = 0, best_nv = 0;
-    for (int ksi = 0; ksi < FG_NKS; ksi++) {
-        const int ks = FG_KS[ksi];
-        const int need = ((nvec + ks - 1) / ks + WARP - 1) / WARP;
-        int nvi = 0;
-        while (nvi < FG_NNV && FG_NV[nvi] < need) nvi++;
-        if (nvi == FG_NNV) continue;
-        const int nv = FG_NV[nvi];
-        fgemv_fn fn = fg_pick(ksi, nvi, pair);
-        int bmax = fg_occupancy(fn, smem);
-        if (bmax > 8) bmax = 8;
-        const int64_t groups = (R + FG_WARPS / ks - 1) / (FG_WARPS / ks);
-        for (int b = 1; b <= bmax; b++) {
-            int64_t grid = (int64_t)sms * b;
-            if (grid > groups) grid = groups;
-            const int64_t rounds = (groups + grid - 1) / grid;
-            const int64_t per_sm_blocks = (grid + sms - 1) / sms;
-            const double group_bytes = (double)FG_THREADS * nv * 16 * (pair ? 2 : 1);
-            const double fly = (double)per_sm_blocks * group_bytes;
-            const double share = fly >= fg_fly ? 1.0 : fly / fg_fly;
-            const double t = (double)rounds * per_sm_blocks * group_bytes / share;
-            if (!best || t < best_t * 0.99 || (t <= best_t * 1.01 && fly > best_fly)) {
-                best_ks = ks;
-                best_nv = nv;
-                best = fn;
-                best_grid = (unsigned)grid;
-                best_t = t;
-                best_fly = fly;
-            }
-            if (grid == groups) break;
-        }
-    }
-    if (!best) return cudaErrorInvalidValue;
-    static const int show = getenv("SPARK_CUDA_FG_SHOW") != NULL;
-    if (show)
-        fprintf(stderr, "fgemv %lld x %d%s: KS %d NV %d, %u blocks (%.0f KB in flight per SM)\n", (long long)R, a->cols,
-                pair ? " pair" : "", best_ks, best_nv, best_grid, best_fly / 1e3);
-    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
-    if (e != cudaSuccess) return e;
-    return cudaGetLastError();
-}
-
-void cu_fgemv_prepare(int64_t cols)
-{
-    if (cols <= 0 || cols * 4 > 46 * 1024) return;
-    for (int ksi = 0; ksi < FG_NKS; ksi++)
-        for (int nvi = 0; nvi < FG_NNV; nvi++)
-            for (int pair = 0; pair < 2; pair++) fg_occupancy(fg_pick(ksi, nvi, pair != 0), (size_t)cols * sizeof(float));
 }
 
 cudaError_t cu_rope_kv(cudaStream_t st, float *qkv, int n_head, int n_head_kv, int head_dim, const int64_t *pos,

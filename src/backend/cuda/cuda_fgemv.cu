@@ -1,0 +1,482 @@
+/*
+ * cuda_fgemv.cu — the single-token GEMV of the fast decode path (fgemv) for
+ * bf16, Q8_0 and Q4_K rows, and the choice of its launch shape.
+ *
+ * Decode at batch 1 is a stream over the weights: every row is read as
+ * 16-byte units, each lane of a warp keeping all of its units' loads in
+ * flight before it uses the first (the loads of the next row group are
+ * issued before the current one is reduced), the grid sized to the SMs.
+ * The formats differ only in what a unit holds and how it meets x:
+ *
+ *   bf16   8 values;
+ *   Q8_0   16 int8 values (half a block) and the block's f16 scale;
+ *   Q4_K   32 4-bit values (16 of each of two sub-blocks) and the
+ *          superblock's 16-byte header (d, dmin, the 6-bit scales / mins).
+ *
+ * The quantized rows are in the GPU layout cu_repack_rows makes at upload
+ * (each row's quants first, then its scales), so a unit is one aligned
+ * 16-byte load; the bits are the file's. Products are fp32 on dequantized
+ * values: Q8_0 d * sum(q x), Q4_K a * sum(q x) - m * sum(x) per sub-block
+ * half (the sums of x per 16 values are computed once per launch).
+ */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_device.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+using namespace spark_dev;
+
+namespace {
+
+constexpr int FG_THREADS = 256, FG_WARPS = FG_THREADS / WARP;
+
+__device__ __forceinline__ float h2f_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+/* byte k of w (0..255), minus `bias`, as a float, exactly: 2^23 + b as bits
+ * (one byte permute), minus 2^23 + bias (no integer-to-float conversion) */
+template <int BIAS>
+__device__ __forceinline__ float byte_f(uint32_t w, int k)
+{
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (unsigned)k)) - (8388608.0f + (float)BIAS);
+}
+
+/* ---- the formats: a unit of a row, and its dot product with x ---------------- */
+
+struct fmt_bf16 {
+    static constexpr int DTYPE = CU_BF16, VALS = 8;
+    static constexpr double BYTES = 16.0;
+    struct unit {
+        uint4 q;
+    };
+    __device__ static unit load(const uint8_t *row, int i, int) { return {__ldcs((const uint4 *)row + i)}; }
+    __device__ static unit none() { return {make_uint4(0, 0, 0, 0)}; }
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, float acc)
+    {
+        const uint4 w = u.q;
+        const float4 x0 = xs4[2 * i], x1 = xs4[2 * i + 1];
+        acc = fmaf(__uint_as_float(w.x << 16), x0.x, acc);
+        acc = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, acc);
+        acc = fmaf(__uint_as_float(w.y << 16), x0.z, acc);
+        acc = fmaf(__uint_as_float(w.y & 0xffff0000u), x0.w, acc);
+        acc = fmaf(__uint_as_float(w.z << 16), x1.x, acc);
+        acc = fmaf(__uint_as_float(w.z & 0xffff0000u), x1.y, acc);
+        acc = fmaf(__uint_as_float(w.w << 16), x1.z, acc);
+        acc = fmaf(__uint_as_float(w.w & 0xffff0000u), x1.w, acc);
+        return acc;
+    }
+};
+
+/* GPU row: cols int8 quants, then cols / 32 f16 scales */
+struct fmt_q8_0 {
+    static constexpr int DTYPE = CU_Q8_0, VALS = 16;
+    static constexpr double BYTES = 17.0;
+    struct unit {
+        uint4 q;
+        uint32_t d;
+    };
+    __device__ static unit load(const uint8_t *row, int i, int cols)
+    {
+        return {__ldcs((const uint4 *)row + i), (uint32_t)__ldcs((const unsigned short *)(row + cols) + i / 2)};
+    }
+    __device__ static unit none() { return {make_uint4(0, 0, 0, 0), 0}; }
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, float acc)
+    {
+        const uint32_t w[4] = {u.q.x ^ 0x80808080u, u.q.y ^ 0x80808080u, u.q.z ^ 0x80808080u,
+                               u.q.w ^ 0x80808080u}; /* signed -> biased by 128 */
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 x = xs4[4 * i + k];
+            s = fmaf(byte_f<128>(w[k], 0), x.x, s);
+            s = fmaf(byte_f<128>(w[k], 1), x.y, s);
+            s = fmaf(byte_f<128>(w[k], 2), x.z, s);
+            s = fmaf(byte_f<128>(w[k], 3), x.w, s);
+        }
+        return fmaf(h2f_bits(u.d), s, acc);
+    }
+};
+
+/* GPU row: cols / 2 bytes of quants (128 per superblock, as in the file),
+ * then a 16-byte header per superblock (d, dmin, 12 bytes of scales). Unit
+ * i is bytes [16 (i % 2), +16) of 32-byte chunk c = (i % 8) / 2 of
+ * superblock i / 8: values l0 .. l0 + 15 of sub-blocks 2c (low nibbles)
+ * and 2c + 1 (high). */
+struct fmt_q4_k {
+    static constexpr int DTYPE = CU_Q4_K, VALS = 32;
+    static constexpr double BYTES = 18.0;
+    struct unit {
+        uint4 q, h;
+    };
+    __device__ static unit load(const uint8_t *row, int i, int cols)
+    {
+        return {__ldcs((const uint4 *)row + i), __ldcs((const uint4 *)(row + cols / 2) + i / 8)};
+    }
+    __device__ static unit none() { return {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)}; }
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *xsum, int i, float acc)
+    {
+        const int c = (i % 8) / 2, sh = (c & 1) * 16;
+        /* scale / min pairs of sub-blocks 2c, 2c + 1 (one byte each, low = 2c):
+         * bytes 2c.. (A), 2c + 4.. (B), 2c - 4.. (Cw) of the 12 scale bytes */
+        const uint32_t A = ((c < 2 ? u.h.y : u.h.z) >> sh) & 0xffffu;
+        const uint32_t B = ((c < 2 ? u.h.z : u.h.w) >> sh) & 0xffffu;
+        const uint32_t Cw = (u.h.y >> sh) & 0xffffu;
+        const uint32_t sc = c < 2 ? A & 0x3f3fu : (B & 0x0f0fu) | ((Cw >> 2) & 0x3030u);
+        const uint32_t mn = c < 2 ? B & 0x3f3fu : ((B >> 4) & 0x0f0fu) | ((A >> 2) & 0x3030u);
+        const float d = h2f_bits(u.h.x & 0xffffu), dmin = h2f_bits(u.h.x >> 16);
+        const int col = (i / 8) * 256 + c * 64 + (i % 2) * 16; /* first value of the low half */
+        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
+        float slo = 0.0f, shi = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t lo = w[k] & 0x0f0f0f0fu, hi = (w[k] >> 4) & 0x0f0f0f0fu;
+            const float4 xl = xs4[col / 4 + k], xh = xs4[(col + 32) / 4 + k];
+            slo = fmaf(byte_f<0>(lo, 0), xl.x, slo);
+            slo = fmaf(byte_f<0>(lo, 1), xl.y, slo);
+            slo = fmaf(byte_f<0>(lo, 2), xl.z, slo);
+            slo = fmaf(byte_f<0>(lo, 3), xl.w, slo);
+            shi = fmaf(byte_f<0>(hi, 0), xh.x, shi);
+            shi = fmaf(byte_f<0>(hi, 1), xh.y, shi);
+            shi = fmaf(byte_f<0>(hi, 2), xh.z, shi);
+            shi = fmaf(byte_f<0>(hi, 3), xh.w, shi);
+        }
+        acc = fmaf(d * (float)(sc & 0xff), slo, acc);
+        acc = fmaf(-dmin * (float)(mn & 0xff), xsum[col / 16], acc);
+        acc = fmaf(d * (float)(sc >> 8), shi, acc);
+        acc = fmaf(-dmin * (float)(mn >> 8), xsum[col / 16 + 2], acc);
+        return acc;
+    }
+};
+
+/* Work: "groups" of FG_WARPS / KS rows (row pairs when PAIR); warp w of a
+ * block takes row w / KS of the group and the (w % KS)-th of KS equal unit
+ * segments, each lane NV units of it (all issued before any is used).
+ * Blocks stride over the groups; the next group's loads are issued as soon
+ * as the current one's are consumed, before its reduction. x (after the
+ * optional norm) lives in shared memory, for Q4_K with its sums per 16. */
+template <typename F, int NV, int KS, bool PAIR>
+__global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
+{
+    constexpr int NR = PAIR ? 2 : 1;
+    constexpr int RPG = FG_WARPS / KS;
+    extern __shared__ float4 xs4[];
+    __shared__ float part[2][FG_WARPS][NR];
+    __shared__ float red[FG_WARPS];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int seg = warp % KS, rl = warp / KS;
+    const int nvec = a.cols / F::VALS;
+    const int seglen = (nvec + KS - 1) / KS;
+    const int s0 = seg * seglen;
+    const int s1 = s0 + seglen < nvec ? s0 + seglen : nvec;
+    const int64_t R = PAIR ? a.rows0 : a.rows0 + a.rows1;
+    const int64_t groups = (R + RPG - 1) / RPG;
+    const uint8_t *w0 = (const uint8_t *)a.w0, *w1 = (const uint8_t *)a.w1;
+
+    typename F::unit v[NR][NV];
+    auto load = [&](int64_t g) {
+        const int64_t r = g * RPG + rl;
+        const uint8_t *p0 = NULL, *p1 = NULL;
+        if (r < R) {
+            if (PAIR) {
+                p0 = w0 + r * a.row_bytes;
+                p1 = w1 + r * a.row_bytes;
+            } else {
+                p0 = r < a.rows0 ? w0 + r * a.row_bytes : w1 + (r - a.rows0) * a.row_bytes;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int i = s0 + lane + WARP * k;
+            const bool ok = r < R && i < s1;
+            v[0][k] = ok ? F::load(p0, i, a.cols) : F::none();
+            if (PAIR) v[NR - 1][k] = ok ? F::load(p1, i, a.cols) : F::none();
+        }
+    };
+
+    int64_t g = blockIdx.x;
+    load(g); /* weights only: before the wait */
+    pdl_wait();
+    pdl_release();
+    if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (a.stamp_phase >= 0) a.stamps[1 + a.stamp_phase] += t - a.stamps[0];
+        a.stamps[0] = t;
+    }
+
+    load_norm_x<FG_THREADS, false>(a, xs4, red); /* x (RMS-normalised when nw) into shared memory */
+    float *xsum = (float *)(xs4 + a.cols / 4);
+    if constexpr (F::DTYPE == CU_Q4_K) { /* sums of x per 16 values, for the mins */
+        const float *xs = (const float *)xs4;
+        for (int j = threadIdx.x; j < a.cols / 16; j += FG_THREADS) {
+            float s = 0.0f;
+#pragma unroll
+            for (int t = 0; t < 16; t++) s += xs[16 * j + t];
+            xsum[j] = s;
+        }
+        __syncthreads();
+    }
+
+    int par = 0;
+    for (;;) {
+        float acc[NR];
+#pragma unroll
+        for (int q = 0; q < NR; q++) acc[q] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int i = s0 + lane + WARP * k;
+            if (i < s1) {
+#pragma unroll
+                for (int q = 0; q < NR; q++) acc[q] = F::dot(v[q][k], xs4, xsum, i, acc[q]);
+            }
+        }
+        const int64_t r = g * RPG + rl;
+        const int64_t gn = g + gridDim.x;
+        if (gn < groups) load(gn); /* in flight during the reduction below */
+#pragma unroll
+        for (int q = 0; q < NR; q++) acc[q] = warp_sum(acc[q]);
+        bool mine = lane == 0 && r < R;
+        if (KS > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int q = 0; q < NR; q++) part[par][warp][q] = acc[q];
+            }
+            __syncthreads(); /* the other buffer (par ^ 1) is rewritten only after the next one */
+            mine = mine && seg == 0;
+            if (mine) {
+#pragma unroll
+                for (int q = 0; q < NR; q++) {
+                    float s = 0.0f;
+                    for (int j = 0; j < KS; j++) s += part[par][warp + j][q];
+                    acc[q] = s;
+                }
+            }
+            par ^= 1;
+        }
+        if (mine) {
+            if (PAIR) {
+                const float ga = acc[0], up = acc[NR - 1];
+                a.out0[r] = 0.5f * ga * (1.0f + erff(ga * 0.70710678118654752f)) * up; /* exact erf form */
+                a.out1[r] = up;
+            } else if (r < a.rows0) {
+                a.out0[r] = acc[0];
+                if (a.resid) {
+                    float h = a.resid[r] + acc[0];
+                    if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
+                    a.resid[r] = h;
+                }
+            } else {
+                a.out1[r - a.rows0] = acc[0];
+            }
+        }
+        if (gn >= groups) break;
+        g = gn;
+    }
+}
+
+/* GPU layout of quantized rows (see the formats above), one thread per block. */
+__global__ void repack_rows_kernel(uint8_t *dst, const uint8_t *src, int dtype, int64_t rows, int64_t cols,
+                                   int64_t row_bytes)
+{
+    const int64_t per_row = dtype == CU_Q8_0 ? cols / 32 : cols / 256;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < rows * per_row;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = t / per_row, b = t % per_row;
+        const uint8_t *s = src + r * row_bytes;
+        uint8_t *d = dst + r * row_bytes;
+        if (dtype == CU_Q8_0) {
+            const uint8_t *blk = s + b * 34;
+            d[cols + 2 * b] = blk[0];
+            d[cols + 2 * b + 1] = blk[1];
+            for (int k = 0; k < 32; k++) d[32 * b + k] = blk[2 + k];
+        } else {
+            const uint8_t *blk = s + b * 144;
+            for (int k = 0; k < 16; k++) d[cols / 2 + 16 * b + k] = blk[k];
+            for (int k = 0; k < 128; k++) d[128 * b + k] = blk[16 + k];
+        }
+    }
+}
+
+typedef void (*fgemv_fn)(cu_fgemv_args);
+
+constexpr int FG_NV[] = {1, 2, 4, 5, 8, 10, 16};
+constexpr int FG_NNV = sizeof FG_NV / sizeof FG_NV[0];
+constexpr int FG_NV_QUANT = 5; /* quantized units are wider in registers: NV <= 8 */
+constexpr int FG_KS[] = {1, 2, 4, 8};
+constexpr int FG_NKS = 4;
+
+template <typename F, int KS, bool PAIR>
+fgemv_fn fg_pick_nv(int nvi)
+{
+    switch (nvi) {
+    case 0: return fgemv_kernel<F, 1, KS, PAIR>;
+    case 1: return fgemv_kernel<F, 2, KS, PAIR>;
+    case 2: return fgemv_kernel<F, 4, KS, PAIR>;
+    case 3: return fgemv_kernel<F, 5, KS, PAIR>;
+    case 4: return fgemv_kernel<F, 8, KS, PAIR>;
+    }
+    if constexpr (F::DTYPE == CU_BF16) return nvi == 5 ? fgemv_kernel<F, 10, KS, PAIR> : fgemv_kernel<F, 16, KS, PAIR>;
+    return NULL;
+}
+
+template <typename F>
+fgemv_fn fg_pick_f(int ksi, int nvi, bool pair)
+{
+    switch (ksi) {
+    case 0: return pair ? fg_pick_nv<F, 1, true>(nvi) : fg_pick_nv<F, 1, false>(nvi);
+    case 1: return pair ? fg_pick_nv<F, 2, true>(nvi) : fg_pick_nv<F, 2, false>(nvi);
+    case 2: return pair ? fg_pick_nv<F, 4, true>(nvi) : fg_pick_nv<F, 4, false>(nvi);
+    default: return pair ? fg_pick_nv<F, 8, true>(nvi) : fg_pick_nv<F, 8, false>(nvi);
+    }
+}
+
+fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair)
+{
+    switch (dtype) {
+    case CU_BF16: return fg_pick_f<fmt_bf16>(ksi, nvi, pair);
+    case CU_Q8_0: return fg_pick_f<fmt_q8_0>(ksi, nvi, pair);
+    case CU_Q4_K: return fg_pick_f<fmt_q4_k>(ksi, nvi, pair);
+    default: return NULL;
+    }
+}
+
+/* values per unit, bytes read per unit, NV choices */
+void fg_format(int dtype, int *vals, double *bytes, int *nnv)
+{
+    *vals = dtype == CU_BF16 ? fmt_bf16::VALS : dtype == CU_Q8_0 ? fmt_q8_0::VALS : fmt_q4_k::VALS;
+    *bytes = dtype == CU_BF16 ? fmt_bf16::BYTES : dtype == CU_Q8_0 ? fmt_q8_0::BYTES : fmt_q4_k::BYTES;
+    *nnv = dtype == CU_BF16 ? FG_NNV : FG_NV_QUANT;
+}
+
+size_t fg_smem(int dtype, int64_t cols) { return (size_t)cols * sizeof(float) + (dtype == CU_Q4_K ? (size_t)cols / 4 : 0); }
+
+/* Resident blocks per SM of a kernel at a dynamic shared-memory size (cached). */
+int fg_occupancy(fgemv_fn fn, size_t smem)
+{
+    static struct {
+        fgemv_fn fn;
+        size_t smem;
+        int blocks;
+    } cache[512];
+    static int used;
+    for (int i = 0; i < used; i++)
+        if (cache[i].fn == fn && cache[i].smem == smem) return cache[i].blocks;
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, FG_THREADS, smem) != cudaSuccess) {
+        cudaGetLastError();
+        b = 0;
+    }
+    if (used < 512) cache[used++] = {fn, smem, b};
+    return b;
+}
+
+double fg_fly = 96e3; /* bench/cuda_runs.md run 7: 48 KB left the out-projection at 41 KB per SM */
+
+} // namespace
+
+int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64_t rows)
+{
+    /* whole 16-byte units per row (rows and the Q8_0 scale area 16-byte
+     * aligned), x in shared memory (<= 46 KB), every segment within the
+     * largest instantiated NV at KS = 8 */
+    int vals, nnv;
+    double bytes;
+    if (dtype != CU_BF16 && dtype != CU_Q8_0 && dtype != CU_Q4_K) return 0;
+    fg_format(dtype, &vals, &bytes, &nnv);
+    const int64_t want_rb = dtype == CU_BF16 ? cols * 2 : dtype == CU_Q8_0 ? cols / 32 * 34 : cols / 256 * 144;
+    const int64_t unit = dtype == CU_Q4_K ? 256 : dtype == CU_Q8_0 ? 256 : 8; /* Q8_0: 8 blocks keep rows aligned */
+    return cols > 0 && cols % unit == 0 && row_bytes == want_rb && row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 &&
+           fg_smem(dtype, cols) <= 46 * 1024 && cols / vals <= 8 * WARP * FG_NV[nnv - 1] && rows > 0 &&
+           rows < ((int64_t)1 << 31);
+}
+
+void cu_fgemv_tune(int fly_kb) { fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 96e3; }
+
+/* The split (KS, NV) and blocks per SM with the least time: per-SM bytes
+ * (padding and the last round's idle slots included) over a bandwidth share
+ * that drops when under ~48 KB per SM are in flight. */
+cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
+{
+    if (!cu_fgemv_ok(a->dtype, a->cols, a->row_bytes, a->w0, a->rows0 + a->rows1)) return cudaErrorInvalidValue;
+    const bool pair = a->pair != 0;
+    const int64_t R = pair ? a->rows0 : a->rows0 + a->rows1;
+    int vals, nnv;
+    double unit_bytes;
+    fg_format(a->dtype, &vals, &unit_bytes, &nnv);
+    const int nvec = a->cols / vals;
+    const size_t smem = fg_smem(a->dtype, a->cols);
+    fgemv_fn best = NULL;
+    unsigned best_grid = 0;
+    double best_t = 0, best_fly = 0;
+    int best_ks = 0, best_nv = 0;
+    for (int ksi = 0; ksi < FG_NKS; ksi++) {
+        const int ks = FG_KS[ksi];
+        const int need = ((nvec + ks - 1) / ks + WARP - 1) / WARP;
+        int nvi = 0;
+        while (nvi < nnv && FG_NV[nvi] < need) nvi++;
+        if (nvi == nnv) continue;
+        const int nv = FG_NV[nvi];
+        fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair);
+        int bmax = fg_occupancy(fn, smem);
+        if (bmax > 8) bmax = 8;
+        const int64_t groups = (R + FG_WARPS / ks - 1) / (FG_WARPS / ks);
+        for (int b = 1; b <= bmax; b++) {
+            int64_t grid = (int64_t)sms * b;
+            if (grid > groups) grid = groups;
+            const int64_t rounds = (groups + grid - 1) / grid;
+            const int64_t per_sm_blocks = (grid + sms - 1) / sms;
+            const double group_bytes = (double)FG_THREADS * nv * unit_bytes * (pair ? 2 : 1);
+            const double fly = (double)per_sm_blocks * group_bytes;
+            const double share = fly >= fg_fly ? 1.0 : fly / fg_fly;
+            const double t = (double)rounds * per_sm_blocks * group_bytes / share;
+            if (!best || t < best_t * 0.99 || (t <= best_t * 1.01 && fly > best_fly)) {
+                best_ks = ks;
+                best_nv = nv;
+                best = fn;
+                best_grid = (unsigned)grid;
+                best_t = t;
+                best_fly = fly;
+            }
+            if (grid == groups) break;
+        }
+    }
+    if (!best) return cudaErrorInvalidValue;
+    static const int show = getenv("SPARK_CUDA_FG_SHOW") != NULL;
+    if (show)
+        fprintf(stderr, "fgemv %lld x %d%s (dtype %d): KS %d NV %d, %u blocks (%.0f KB in flight per SM)\n",
+                (long long)R, a->cols, pair ? " pair" : "", a->dtype, best_ks, best_nv, best_grid, best_fly / 1e3);
+    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+}
+
+void cu_fgemv_prepare(int64_t cols)
+{
+    const int dtypes[] = {CU_BF16, CU_Q8_0, CU_Q4_K};
+    for (int dtype : dtypes) {
+        int vals, nnv;
+        double bytes;
+        fg_format(dtype, &vals, &bytes, &nnv);
+        if (cols <= 0 || fg_smem(dtype, cols) > 46 * 1024) continue;
+        for (int ksi = 0; ksi < FG_NKS; ksi++)
+            for (int nvi = 0; nvi < nnv; nvi++)
+                for (int pair = 0; pair < 2; pair++) fg_occupancy(fg_pick(dtype, ksi, nvi, pair != 0), fg_smem(dtype, cols));
+    }
+}
+
+int cu_repack_kind(int dtype) { return dtype == CU_Q8_0 || dtype == CU_Q4_K; }
+
+cudaError_t cu_repack_rows(cudaStream_t st, void *dst, const void *src, int dtype, int64_t rows, int64_t cols,
+                           int64_t row_bytes)
+{
+    if (!cu_repack_kind(dtype) || cols % (dtype == CU_Q8_0 ? 32 : 256) != 0) return cudaErrorInvalidValue;
+    const int64_t work = rows * (dtype == CU_Q8_0 ? cols / 32 : cols / 256);
+    int64_t blocks = (work + 255) / 256;
+    if (blocks > 65535LL * 16) blocks = 65535LL * 16;
+    repack_rows_kernel<<<(unsigned)(blocks > 0 ? blocks : 1), 256, 0, st>>>((uint8_t *)dst, (const uint8_t *)src, dtype,
+                                                                           rows, cols, row_bytes);
+    return cudaGetLastError();
+}
