@@ -312,6 +312,54 @@ static void test_gemv_all_dtypes(void)
     }
 }
 
+/* A row's GEMV result must not depend on which rows share its tile: the
+ * lane kernels (plain formats, Q8_0) group rows t, t + q, t + 2q, ... of a
+ * call, so the same row lands in different tiles, or in the one-row tail,
+ * depending on the call's row range. Every row of a 45-row call must equal,
+ * bit for bit, the same row computed alone and inside calls over shifted
+ * sub-ranges (which regroup it), for every level, dtype and token count. */
+static void test_gemv_grouping_bit_exact(void)
+{
+    enum { ROWS = 45 };
+    static const int64_t starts[] = {1, 6, 13, 29};
+    uint64_t saved = rng; /* the later tests keep the data they had before this one */
+    for (int li = 0; li < N_ISAS; li++) {
+        cpu_kernels k;
+        if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
+        for (int di = 0; di < N_DTYPES; di++) {
+            spark_dtype dt = all_dtypes[di];
+            int nc;
+            const int64_t *cs = cols_for(dt, &nc);
+            int64_t c = cs[nc - 1]; /* the widest: vector tails, several block steps */
+            size_t rb;
+            uint8_t *m = random_matrix(dt, ROWS, c, &rb);
+            float *x = random_floats(GEMV_MAX_TOKENS * c);
+            float *all = malloc(sizeof(float) * GEMV_MAX_TOKENS * ROWS), *part = malloc(sizeof(float) * GEMV_MAX_TOKENS * ROWS);
+            for (int nt = 1; nt <= GEMV_MAX_TOKENS; nt++) {
+                k.gemv[dt](m, rb, ROWS, c, x, c, nt, all, ROWS);
+                int bad = 0;
+                for (int64_t r = 0; r < ROWS; r++) {
+                    k.gemv[dt](m + (size_t)r * rb, rb, 1, c, x, c, nt, part, 1);
+                    for (int t = 0; t < nt; t++) bad += memcmp(&part[t], &all[t * ROWS + r], sizeof(float)) != 0;
+                }
+                for (int si = 0; si < 4; si++) {
+                    int64_t s0 = starts[si], n = ROWS - s0;
+                    k.gemv[dt](m + (size_t)s0 * rb, rb, n, c, x, c, nt, part, n);
+                    for (int t = 0; t < nt; t++)
+                        for (int64_t r = 0; r < n; r++) bad += memcmp(&part[t * n + r], &all[t * ROWS + s0 + r], sizeof(float)) != 0;
+                }
+                CHECK_MSG(bad == 0, "%s gemv %s cols %lld nt %d: %d outputs change with the rows' grouping",
+                          cpu_isa_name(all_isas[li]), dtype_name(dt), (long long)c, nt, bad);
+            }
+            free(m);
+            free(x);
+            free(all);
+            free(part);
+        }
+    }
+    rng = saved;
+}
+
 static void test_gemm_tile(void)
 {
     for (int li = 0; li < N_ISAS; li++) {
@@ -785,6 +833,7 @@ int main(void)
     RUN(test_dequant_bit_exact);
     RUN(test_gemv_all_dtypes);
     RUN(test_gemv_x8_bound);
+    RUN(test_gemv_grouping_bit_exact);
     RUN(test_gemm_tile);
     RUN(test_vector_helpers);
     RUN(test_gelu_against_erf);

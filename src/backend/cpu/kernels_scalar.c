@@ -263,15 +263,8 @@ static void fill_f16_table(void)
     for (uint32_t h = 0; h < 65536; h++) cpu_f16_table[h] = f16_to_f32((uint16_t)h);
 }
 
-int spark_tune[8] = {1, 0, 1024, 1}; /* TEMP tuning */
 int cpu_kernels_resolve(cpu_isa isa, cpu_kernels *out)
 {
-    for (int i = 0; i < 8; i++) {
-        char nm[32];
-        snprintf(nm, sizeof nm, "SPARK_TUNE%d", i);
-        const char *e = getenv(nm);
-        if (e) spark_tune[i] = atoi(e);
-    }
     static pthread_once_t table_once = PTHREAD_ONCE_INIT;
     pthread_once(&table_once, fill_f16_table);
     const cpu_kernels *k = NULL;

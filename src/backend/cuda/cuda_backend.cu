@@ -93,7 +93,9 @@ cudaError_t upload_repacked(cuda_backend *cb, void *d, const weight_ref *w, size
 {
     void *stage = NULL;
     cudaError_t e = cudaMalloc(&stage, bytes);
-    if (e == cudaSuccess) e = cudaMemcpy(stage, w->data, bytes, cudaMemcpyHostToDevice);
+    /* on the repack's stream: a cudaMemcpy from pageable memory may return
+     * before its DMA lands, and cb->st does not wait for the legacy stream */
+    if (e == cudaSuccess) e = cudaMemcpyAsync(stage, w->data, bytes, cudaMemcpyHostToDevice, cb->st);
     if (e == cudaSuccess)
         e = cu_repack_rows(cb->st, d, stage, w->dtype, (int64_t)w->rows, (int64_t)w->cols,
                            (int64_t)dtype_row_bytes(w->dtype, (uint64_t)w->cols));
@@ -115,8 +117,12 @@ spark_status upload(cuda_backend *cb, const void *host, size_t bytes, const char
         return spark_fail(SPARK_ERR_NOMEM, "CUDA backend: cannot allocate %zu bytes of device memory for %s (%s)",
                           bytes, what, cudaGetErrorString(e));
     }
-    if (w && cu_repack_kind(w->dtype)) e = upload_repacked(cb, d, w, bytes);
-    else e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+    if (w && cu_repack_kind(w->dtype)) {
+        e = upload_repacked(cb, d, w, bytes);
+    } else { /* on cb->st, waited for (see upload_repacked) */
+        e = cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, cb->st);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(cb->st);
+    }
     if (e != cudaSuccess) {
         cudaGetLastError();
         cudaFree(d);

@@ -37,13 +37,17 @@ __device__ __forceinline__ void rope_cos_sin(int64_t pos, int j, int half, doubl
  * normalised x to a.xn, as the unfused rmsnorm would); red: THREADS / WARP
  * floats of scratch. THROUGH_L2: read x through L2 only (__ldcg), for a
  * kernel in which other blocks have just written it (the persistent step);
- * a kernel launched after x's writer reads it normally. Ends with a block
- * barrier. */
-template <int THREADS, bool THROUGH_L2>
+ * a kernel launched after x's writer reads it normally. VPU > 0: x is
+ * stored by "units" of VPU float4s, transposed: float4 k of unit i at
+ * xs4[k * (c4 / VPU) + i], so lanes reading consecutive units' k-th float4
+ * hit consecutive banks. Ends with a block barrier. */
+template <int THREADS, bool THROUGH_L2, int VPU = 0>
 __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4, float *red)
 {
     constexpr int WARPS = THREADS / WARP;
     const int c4 = a.cols / 4;
+    const int units = VPU ? c4 / VPU : 0;
+    auto at = [&](int j) { return VPU ? (j % VPU) * units + j / VPU : j; };
     const float4 *x4 = (const float4 *)a.x;
     if (a.nw) {
         const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -54,7 +58,7 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
             ss = fmaf(t.y, t.y, ss);
             ss = fmaf(t.z, t.z, ss);
             ss = fmaf(t.w, t.w, ss);
-            xs4[i] = t;
+            xs4[at(i)] = t;
         }
         ss = warp_sum(ss);
         if (lane == 0) red[warp] = ss;
@@ -66,17 +70,17 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
         const float4 *nw4 = (const float4 *)a.nw;
         float4 *xn4 = blockIdx.x == 0 && a.xn ? (float4 *)a.xn : NULL;
         for (int i = threadIdx.x; i < c4; i += THREADS) {
-            float4 t = xs4[i];
+            float4 t = xs4[at(i)];
             const float4 w = THROUGH_L2 ? __ldg(nw4 + i) : nw4[i];
             t.x = t.x * inv * w.x;
             t.y = t.y * inv * w.y;
             t.z = t.z * inv * w.z;
             t.w = t.w * inv * w.w;
-            xs4[i] = t;
+            xs4[at(i)] = t;
             if (xn4) xn4[i] = t;
         }
     } else {
-        for (int i = threadIdx.x; i < c4; i += THREADS) xs4[i] = THROUGH_L2 ? __ldcg(x4 + i) : x4[i];
+        for (int i = threadIdx.x; i < c4; i += THREADS) xs4[at(i)] = THROUGH_L2 ? __ldcg(x4 + i) : x4[i];
     }
     __syncthreads(); /* red may be reused by the caller; xs is read by every warp */
 }

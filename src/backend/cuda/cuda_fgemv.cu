@@ -10,14 +10,20 @@
  *
  *   bf16   8 values;
  *   Q8_0   16 int8 values (half a block) and the block's f16 scale;
- *   Q4_K   32 4-bit values (16 of each of two sub-blocks) and the
- *          superblock's 16-byte header (d, dmin, the 6-bit scales / mins).
+ *   Q4_K   a sub-block's 32 4-bit values and its superblock's 16-byte
+ *          header (d, dmin, the 6-bit scales / mins).
  *
  * The quantized rows are in the GPU layout cu_repack_rows makes at upload
  * (each row's quants first, then its scales), so a unit is one aligned
  * 16-byte load; the bits are the file's. Products are fp32 on dequantized
  * values: Q8_0 d * sum(q x), Q4_K a * sum(q x) - m * sum(x) per sub-block
- * half (the sums of x per 16 values are computed once per launch).
+ * (the sums of x per sub-block are computed once per launch).
+ *
+ * x is read from shared memory for every unit, at 2 (bf16) to 8 (Q4_K)
+ * bytes of x per weight byte; it is stored transposed by units so those
+ * reads are conflict-free, and a warp takes two rows of a quantized matrix
+ * so each read serves both (bench/cuda_runs.md run 8: with one row a warp
+ * and x in row order, Q8_0 / Q4_K streamed at 1.0-2.8 / 0.5-1.4 TB/s).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_device.cuh"
@@ -45,19 +51,21 @@ __device__ __forceinline__ float byte_f(uint32_t w, int k)
 }
 
 /* ---- the formats: a unit of a row, and its dot product with x ---------------- */
+/* x is in shared memory by units, transposed (load_norm_x's VPU = VALS / 4):
+ * float4 k of unit i at xs4[k * nvec + i], nvec = units a row. */
 
 struct fmt_bf16 {
-    static constexpr int DTYPE = CU_BF16, VALS = 8;
+    static constexpr int DTYPE = CU_BF16, VALS = 8, RW_SINGLE = 1;
     static constexpr double BYTES = 16.0;
     struct unit {
         uint4 q;
     };
     __device__ static unit load(const uint8_t *row, int i, int) { return {__ldcs((const uint4 *)row + i)}; }
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0)}; }
-    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, float acc)
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
     {
         const uint4 w = u.q;
-        const float4 x0 = xs4[2 * i], x1 = xs4[2 * i + 1];
+        const float4 x0 = xs4[i], x1 = xs4[nvec + i];
         acc = fmaf(__uint_as_float(w.x << 16), x0.x, acc);
         acc = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, acc);
         acc = fmaf(__uint_as_float(w.y << 16), x0.z, acc);
@@ -72,7 +80,7 @@ struct fmt_bf16 {
 
 /* GPU row: cols int8 quants, then cols / 32 f16 scales */
 struct fmt_q8_0 {
-    static constexpr int DTYPE = CU_Q8_0, VALS = 16;
+    static constexpr int DTYPE = CU_Q8_0, VALS = 16, RW_SINGLE = 2; /* 2 rows share each x read */
     static constexpr double BYTES = 17.0;
     struct unit {
         uint4 q;
@@ -83,14 +91,14 @@ struct fmt_q8_0 {
         return {__ldcs((const uint4 *)row + i), (uint32_t)__ldcs((const unsigned short *)(row + cols) + i / 2)};
     }
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0), 0}; }
-    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, float acc)
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
     {
         const uint32_t w[4] = {u.q.x ^ 0x80808080u, u.q.y ^ 0x80808080u, u.q.z ^ 0x80808080u,
                                u.q.w ^ 0x80808080u}; /* signed -> biased by 128 */
         float s = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const float4 x = xs4[4 * i + k];
+            const float4 x = xs4[k * nvec + i];
             s = fmaf(byte_f<128>(w[k], 0), x.x, s);
             s = fmaf(byte_f<128>(w[k], 1), x.y, s);
             s = fmaf(byte_f<128>(w[k], 2), x.z, s);
@@ -100,13 +108,14 @@ struct fmt_q8_0 {
     }
 };
 
-/* GPU row: cols / 2 bytes of quants (128 per superblock, as in the file),
- * then a 16-byte header per superblock (d, dmin, 12 bytes of scales). Unit
- * i is bytes [16 (i % 2), +16) of 32-byte chunk c = (i % 8) / 2 of
- * superblock i / 8: values l0 .. l0 + 15 of sub-blocks 2c (low nibbles)
- * and 2c + 1 (high). */
+/* GPU row: cols / 2 bytes of quants, 16 per sub-block of 32 values (byte t:
+ * value t in the low nibble, value 16 + t in the high one), then a 16-byte
+ * header per superblock of 8 sub-blocks (d, dmin, 12 bytes of scales), as
+ * in the file. Unit i is sub-block i; y = d * sc * q - dmin * mn, so
+ * y . x = d sc (q . x) - dmin mn sum(x) with the sums of x per unit made
+ * once per launch. */
 struct fmt_q4_k {
-    static constexpr int DTYPE = CU_Q4_K, VALS = 32;
+    static constexpr int DTYPE = CU_Q4_K, VALS = 32, RW_SINGLE = 2;
     static constexpr double BYTES = 18.0;
     struct unit {
         uint4 q, h;
@@ -116,51 +125,52 @@ struct fmt_q4_k {
         return {__ldcs((const uint4 *)row + i), __ldcs((const uint4 *)(row + cols / 2) + i / 8)};
     }
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)}; }
-    __device__ static float dot(const unit &u, const float4 *xs4, const float *xsum, int i, float acc)
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *xsum, int i, int nvec, float acc)
     {
-        const int c = (i % 8) / 2, sh = (c & 1) * 16;
-        /* scale / min pairs of sub-blocks 2c, 2c + 1 (one byte each, low = 2c):
-         * bytes 2c.. (A), 2c + 4.. (B), 2c - 4.. (Cw) of the 12 scale bytes */
+        /* sub-block j's 6-bit scale and min (model/quant.c's packing): for j < 4
+         * bytes j, j + 4; else the low / high nibbles of byte j + 4 with the
+         * top bits of bytes j - 4 / j. A = bytes 2c, 2c + 1 (c = j / 2), B =
+         * bytes 2c + 4, +5, Cw = bytes 2c - 4, -3 of the 12 scale bytes. */
+        const int j = i % 8, c = j / 2, sh = (c & 1) * 16, hb = (j & 1) * 8;
         const uint32_t A = ((c < 2 ? u.h.y : u.h.z) >> sh) & 0xffffu;
         const uint32_t B = ((c < 2 ? u.h.z : u.h.w) >> sh) & 0xffffu;
         const uint32_t Cw = (u.h.y >> sh) & 0xffffu;
-        const uint32_t sc = c < 2 ? A & 0x3f3fu : (B & 0x0f0fu) | ((Cw >> 2) & 0x3030u);
-        const uint32_t mn = c < 2 ? B & 0x3f3fu : ((B >> 4) & 0x0f0fu) | ((A >> 2) & 0x3030u);
+        const uint32_t sc2 = c < 2 ? A & 0x3f3fu : (B & 0x0f0fu) | ((Cw >> 2) & 0x3030u);
+        const uint32_t mn2 = c < 2 ? B & 0x3f3fu : ((B >> 4) & 0x0f0fu) | ((A >> 2) & 0x3030u);
+        const float sc = (float)((sc2 >> hb) & 0xffu), mn = (float)((mn2 >> hb) & 0xffu);
         const float d = h2f_bits(u.h.x & 0xffffu), dmin = h2f_bits(u.h.x >> 16);
-        const int col = (i / 8) * 256 + c * 64 + (i % 2) * 16; /* first value of the low half */
         const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
-        float slo = 0.0f, shi = 0.0f;
+        float s = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const uint32_t lo = w[k] & 0x0f0f0f0fu, hi = (w[k] >> 4) & 0x0f0f0f0fu;
-            const float4 xl = xs4[col / 4 + k], xh = xs4[(col + 32) / 4 + k];
-            slo = fmaf(byte_f<0>(lo, 0), xl.x, slo);
-            slo = fmaf(byte_f<0>(lo, 1), xl.y, slo);
-            slo = fmaf(byte_f<0>(lo, 2), xl.z, slo);
-            slo = fmaf(byte_f<0>(lo, 3), xl.w, slo);
-            shi = fmaf(byte_f<0>(hi, 0), xh.x, shi);
-            shi = fmaf(byte_f<0>(hi, 1), xh.y, shi);
-            shi = fmaf(byte_f<0>(hi, 2), xh.z, shi);
-            shi = fmaf(byte_f<0>(hi, 3), xh.w, shi);
+            const float4 xl = xs4[k * nvec + i], xh = xs4[(4 + k) * nvec + i];
+            s = fmaf(byte_f<0>(lo, 0), xl.x, s);
+            s = fmaf(byte_f<0>(lo, 1), xl.y, s);
+            s = fmaf(byte_f<0>(lo, 2), xl.z, s);
+            s = fmaf(byte_f<0>(lo, 3), xl.w, s);
+            s = fmaf(byte_f<0>(hi, 0), xh.x, s);
+            s = fmaf(byte_f<0>(hi, 1), xh.y, s);
+            s = fmaf(byte_f<0>(hi, 2), xh.z, s);
+            s = fmaf(byte_f<0>(hi, 3), xh.w, s);
         }
-        acc = fmaf(d * (float)(sc & 0xff), slo, acc);
-        acc = fmaf(-dmin * (float)(mn & 0xff), xsum[col / 16], acc);
-        acc = fmaf(d * (float)(sc >> 8), shi, acc);
-        acc = fmaf(-dmin * (float)(mn >> 8), xsum[col / 16 + 2], acc);
-        return acc;
+        acc = fmaf(d * sc, s, acc);
+        return fmaf(-dmin * mn, xsum[i], acc);
     }
 };
 
-/* Work: "groups" of FG_WARPS / KS rows (row pairs when PAIR); warp w of a
- * block takes row w / KS of the group and the (w % KS)-th of KS equal unit
- * segments, each lane NV units of it (all issued before any is used).
- * Blocks stride over the groups; the next group's loads are issued as soon
- * as the current one's are consumed, before its reduction. x (after the
- * optional norm) lives in shared memory, for Q4_K with its sums per 16. */
+/* Work: "groups" of FG_WARPS / KS row sets; warp w of a block takes row set
+ * w / KS of the group (RW consecutive rows, or a gate / up row pair when
+ * PAIR) and the (w % KS)-th of KS equal unit segments, each lane NV units
+ * of each row (all issued before any is used), so every x value a lane
+ * reads from shared memory serves all rows of its set. Blocks stride over
+ * the groups; the next group's loads are issued as soon as the current
+ * one's are consumed, before its reduction. */
 template <typename F, int NV, int KS, bool PAIR>
 __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
 {
-    constexpr int NR = PAIR ? 2 : 1;
+    constexpr int RW = F::RW_SINGLE > 1 && !PAIR ? F::RW_SINGLE : 1; /* rows a warp, single matrices */
+    constexpr int NR = PAIR ? 2 : RW;
     constexpr int RPG = FG_WARPS / KS;
     extern __shared__ float4 xs4[];
     __shared__ float part[2][FG_WARPS][NR];
@@ -172,27 +182,25 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
     const int s0 = seg * seglen;
     const int s1 = s0 + seglen < nvec ? s0 + seglen : nvec;
     const int64_t R = PAIR ? a.rows0 : a.rows0 + a.rows1;
-    const int64_t groups = (R + RPG - 1) / RPG;
+    const int64_t groups = (R + RPG * RW - 1) / (RPG * RW);
     const uint8_t *w0 = (const uint8_t *)a.w0, *w1 = (const uint8_t *)a.w1;
 
     typename F::unit v[NR][NV];
+    auto row_of = [&](int64_t g, int q) { return PAIR ? g * RPG + rl : (g * RPG + rl) * RW + q; };
     auto load = [&](int64_t g) {
-        const int64_t r = g * RPG + rl;
-        const uint8_t *p0 = NULL, *p1 = NULL;
-        if (r < R) {
-            if (PAIR) {
-                p0 = w0 + r * a.row_bytes;
-                p1 = w1 + r * a.row_bytes;
-            } else {
-                p0 = r < a.rows0 ? w0 + r * a.row_bytes : w1 + (r - a.rows0) * a.row_bytes;
-            }
-        }
 #pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int i = s0 + lane + WARP * k;
-            const bool ok = r < R && i < s1;
-            v[0][k] = ok ? F::load(p0, i, a.cols) : F::none();
-            if (PAIR) v[NR - 1][k] = ok ? F::load(p1, i, a.cols) : F::none();
+        for (int q = 0; q < NR; q++) {
+            const int64_t r = row_of(g, PAIR ? 0 : q);
+            const uint8_t *p = NULL;
+            if (r < R) {
+                if (PAIR) p = (q == 0 ? w0 : w1) + r * a.row_bytes;
+                else p = r < a.rows0 ? w0 + r * a.row_bytes : w1 + (r - a.rows0) * a.row_bytes;
+            }
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int i = s0 + lane + WARP * k;
+                v[q][k] = p && i < s1 ? F::load(p, i, a.cols) : F::none();
+            }
         }
     };
 
@@ -207,15 +215,17 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
         a.stamps[0] = t;
     }
 
-    load_norm_x<FG_THREADS, false>(a, xs4, red); /* x (RMS-normalised when nw) into shared memory */
+    load_norm_x<FG_THREADS, false, F::VALS / 4>(a, xs4, red); /* x (RMS-normalised when nw), by units */
     float *xsum = (float *)(xs4 + a.cols / 4);
-    if constexpr (F::DTYPE == CU_Q4_K) { /* sums of x per 16 values, for the mins */
-        const float *xs = (const float *)xs4;
-        for (int j = threadIdx.x; j < a.cols / 16; j += FG_THREADS) {
+    if constexpr (F::DTYPE == CU_Q4_K) { /* sums of x per unit, for the mins */
+        for (int i = threadIdx.x; i < nvec; i += FG_THREADS) {
             float s = 0.0f;
 #pragma unroll
-            for (int t = 0; t < 16; t++) s += xs[16 * j + t];
-            xsum[j] = s;
+            for (int k = 0; k < 8; k++) {
+                const float4 t = xs4[k * nvec + i];
+                s += t.x + t.y + t.z + t.w;
+            }
+            xsum[i] = s;
         }
         __syncthreads();
     }
@@ -230,15 +240,14 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
             const int i = s0 + lane + WARP * k;
             if (i < s1) {
 #pragma unroll
-                for (int q = 0; q < NR; q++) acc[q] = F::dot(v[q][k], xs4, xsum, i, acc[q]);
+                for (int q = 0; q < NR; q++) acc[q] = F::dot(v[q][k], xs4, xsum, i, nvec, acc[q]);
             }
         }
-        const int64_t r = g * RPG + rl;
         const int64_t gn = g + gridDim.x;
         if (gn < groups) load(gn); /* in flight during the reduction below */
 #pragma unroll
         for (int q = 0; q < NR; q++) acc[q] = warp_sum(acc[q]);
-        bool mine = lane == 0 && r < R;
+        bool mine = lane == 0;
         if (KS > 1) {
             if (lane == 0) {
 #pragma unroll
@@ -258,18 +267,28 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
         }
         if (mine) {
             if (PAIR) {
-                const float ga = acc[0], up = acc[NR - 1];
-                a.out0[r] = 0.5f * ga * (1.0f + erff(ga * 0.70710678118654752f)) * up; /* exact erf form */
-                a.out1[r] = up;
-            } else if (r < a.rows0) {
-                a.out0[r] = acc[0];
-                if (a.resid) {
-                    float h = a.resid[r] + acc[0];
-                    if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
-                    a.resid[r] = h;
+                const int64_t r = row_of(g, 0);
+                if (r < R) {
+                    const float ga = acc[0], up = acc[NR - 1];
+                    a.out0[r] = 0.5f * ga * (1.0f + erff(ga * 0.70710678118654752f)) * up; /* exact erf form */
+                    a.out1[r] = up;
                 }
             } else {
-                a.out1[r - a.rows0] = acc[0];
+#pragma unroll
+                for (int q = 0; q < NR; q++) {
+                    const int64_t r = row_of(g, q);
+                    if (r >= R) break;
+                    if (r < a.rows0) {
+                        a.out0[r] = acc[q];
+                        if (a.resid) {
+                            float h = a.resid[r] + acc[q];
+                            if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
+                            a.resid[r] = h;
+                        }
+                    } else {
+                        a.out1[r - a.rows0] = acc[q];
+                    }
+                }
             }
         }
         if (gn >= groups) break;
@@ -292,10 +311,15 @@ __global__ void repack_rows_kernel(uint8_t *dst, const uint8_t *src, int dtype, 
             d[cols + 2 * b] = blk[0];
             d[cols + 2 * b + 1] = blk[1];
             for (int k = 0; k < 32; k++) d[32 * b + k] = blk[2 + k];
-        } else {
+        } else { /* sub-block j of the file's superblock: chunk j / 2, nibble j % 2 */
             const uint8_t *blk = s + b * 144;
             for (int k = 0; k < 16; k++) d[cols / 2 + 16 * b + k] = blk[k];
-            for (int k = 0; k < 128; k++) d[128 * b + k] = blk[16 + k];
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *qs = blk + 16 + 32 * (j / 2);
+                const int sh = 4 * (j & 1);
+                for (int t = 0; t < 16; t++)
+                    d[128 * b + 16 * j + t] = (uint8_t)(((qs[t] >> sh) & 0x0F) | (((qs[16 + t] >> sh) & 0x0F) << 4));
+            }
         }
     }
 }
@@ -343,9 +367,10 @@ fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair)
     }
 }
 
-/* values per unit, bytes read per unit, NV choices */
-void fg_format(int dtype, int *vals, double *bytes, int *nnv)
+/* values per unit, bytes read per unit, NV choices, rows a warp of a single matrix */
+void fg_format(int dtype, int *vals, double *bytes, int *nnv, int *rw)
 {
+    *rw = dtype == CU_BF16 ? fmt_bf16::RW_SINGLE : dtype == CU_Q8_0 ? fmt_q8_0::RW_SINGLE : fmt_q4_k::RW_SINGLE;
     *vals = dtype == CU_BF16 ? fmt_bf16::VALS : dtype == CU_Q8_0 ? fmt_q8_0::VALS : fmt_q4_k::VALS;
     *bytes = dtype == CU_BF16 ? fmt_bf16::BYTES : dtype == CU_Q8_0 ? fmt_q8_0::BYTES : fmt_q4_k::BYTES;
     *nnv = dtype == CU_BF16 ? FG_NNV : FG_NV_QUANT;
@@ -382,10 +407,10 @@ int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64
     /* whole 16-byte units per row (rows and the Q8_0 scale area 16-byte
      * aligned), x in shared memory (<= 46 KB), every segment within the
      * largest instantiated NV at KS = 8 */
-    int vals, nnv;
+    int vals, nnv, rw;
     double bytes;
     if (dtype != CU_BF16 && dtype != CU_Q8_0 && dtype != CU_Q4_K) return 0;
-    fg_format(dtype, &vals, &bytes, &nnv);
+    fg_format(dtype, &vals, &bytes, &nnv, &rw);
     const int64_t want_rb = dtype == CU_BF16 ? cols * 2 : dtype == CU_Q8_0 ? cols / 32 * 34 : cols / 256 * 144;
     const int64_t unit = dtype == CU_Q4_K ? 256 : dtype == CU_Q8_0 ? 256 : 8; /* Q8_0: 8 blocks keep rows aligned */
     return cols > 0 && cols % unit == 0 && row_bytes == want_rb && row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 &&
@@ -403,9 +428,10 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
     if (!cu_fgemv_ok(a->dtype, a->cols, a->row_bytes, a->w0, a->rows0 + a->rows1)) return cudaErrorInvalidValue;
     const bool pair = a->pair != 0;
     const int64_t R = pair ? a->rows0 : a->rows0 + a->rows1;
-    int vals, nnv;
+    int vals, nnv, rw;
     double unit_bytes;
-    fg_format(a->dtype, &vals, &unit_bytes, &nnv);
+    fg_format(a->dtype, &vals, &unit_bytes, &nnv, &rw);
+    if (pair) rw = 1; /* a pair's two rows are its set */
     const int nvec = a->cols / vals;
     const size_t smem = fg_smem(a->dtype, a->cols);
     fgemv_fn best = NULL;
@@ -422,13 +448,14 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair);
         int bmax = fg_occupancy(fn, smem);
         if (bmax > 8) bmax = 8;
-        const int64_t groups = (R + FG_WARPS / ks - 1) / (FG_WARPS / ks);
+        const int64_t set_rows = (int64_t)(FG_WARPS / ks) * rw;
+        const int64_t groups = (R + set_rows - 1) / set_rows;
         for (int b = 1; b <= bmax; b++) {
             int64_t grid = (int64_t)sms * b;
             if (grid > groups) grid = groups;
             const int64_t rounds = (groups + grid - 1) / grid;
             const int64_t per_sm_blocks = (grid + sms - 1) / sms;
-            const double group_bytes = (double)FG_THREADS * nv * unit_bytes * (pair ? 2 : 1);
+            const double group_bytes = (double)FG_THREADS * nv * unit_bytes * (pair ? 2 : rw);
             const double fly = (double)per_sm_blocks * group_bytes;
             const double share = fly >= fg_fly ? 1.0 : fly / fg_fly;
             const double t = (double)rounds * per_sm_blocks * group_bytes / share;
@@ -457,9 +484,9 @@ void cu_fgemv_prepare(int64_t cols)
 {
     const int dtypes[] = {CU_BF16, CU_Q8_0, CU_Q4_K};
     for (int dtype : dtypes) {
-        int vals, nnv;
+        int vals, nnv, rw;
         double bytes;
-        fg_format(dtype, &vals, &bytes, &nnv);
+        fg_format(dtype, &vals, &bytes, &nnv, &rw);
         if (cols <= 0 || fg_smem(dtype, cols) > 46 * 1024) continue;
         for (int ksi = 0; ksi < FG_NKS; ksi++)
             for (int nvi = 0; nvi < nnv; nvi++)

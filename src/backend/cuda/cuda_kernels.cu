@@ -86,10 +86,9 @@ __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, flo
         float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
         int sc, mn;
         q4k_scale_min(b + 4, j, &sc, &mn);
-        const uint8_t *q = row + (g / 8) * 128 + 32 * (j / 2); /* chunk j/2: sub 2c low nibbles, 2c+1 high */
-        int shift = 4 * (j & 1);
+        const uint8_t *q = row + 16 * g; /* sub-block g: byte t holds values t (low nibble) and 16 + t */
         float a = d * (float)sc, m = dmin * (float)mn;
-        for (int l = 0; l < 32; l++) y[l] = a * (float)((q[l] >> shift) & 0x0F) - m;
+        for (int l = 0; l < 32; l++) y[l] = a * (float)((q[l & 15] >> (l < 16 ? 0 : 4)) & 0x0F) - m;
         return;
     }
     case CU_Q6_K: {
