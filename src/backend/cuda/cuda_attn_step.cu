@@ -35,7 +35,7 @@ namespace cg = cooperative_groups;
 
 namespace {
 
-constexpr int AS_WARPS = 8;  /* warps a block */
+constexpr int AS_WARPS = 8;  /* warps a block (SPARK_CUDA_ATTSTEP_WARPS=4: 4) */
 constexpr int AS_G = 4;      /* query heads per KV head, at most */
 constexpr int AS_CMAX = 16;  /* blocks a cluster, at most (16 is Hopper's non-portable size) */
 
@@ -55,8 +55,8 @@ __device__ __forceinline__ void step_cos_sin(const cu_attn_args &a, int64_t p, i
 }
 #endif
 
-template <int E>
-__global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args a)
+template <int E, int W>
+__global__ void __launch_bounds__(W * WARP) attn_step_kernel(cu_attn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::cluster_group cl = cg::this_cluster();
@@ -154,9 +154,9 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         }
     }
 
-    /* a warp owns every AS_WARPS-th tile of AS_KT keys; the next tile's
+    /* a warp owns every W-th tile of AS_KT keys; the next tile's
      * loads are issued before the current one is scored */
-    constexpr int STRIDE = AS_WARPS * AS_KT;
+    constexpr int STRIDE = W * AS_KT;
     for (int64_t j0 = first; j0 < je; j0 += STRIDE) {
         float k2[AS_KT][E], v2[AS_KT][E];
         if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2);
@@ -203,8 +203,8 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     }
 
     /* the warps' states -> this block's partial (fin_*), in shared memory */
-    __shared__ float sm_m[AS_WARPS][AS_G], sm_l[AS_WARPS][AS_G];
-    __shared__ float sm_acc[AS_WARPS][AS_G][E * WARP];
+    __shared__ float sm_m[W][AS_G], sm_l[W][AS_G];
+    __shared__ float sm_acc[W][AS_G][E * WARP];
     __shared__ float fin_m[AS_G], fin_l[AS_G], fin_a[AS_G][E * WARP];
 #pragma unroll
     for (int g = 0; g < AS_G; g++) {
@@ -219,10 +219,10 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
         float M = -INFINITY;
-        for (int w = 0; w < AS_WARPS; w++) M = fmaxf(M, sm_m[w][g]);
+        for (int w = 0; w < W; w++) M = fmaxf(M, sm_m[w][g]);
         float L = 0.0f, A = 0.0f;
         if (M != -INFINITY) {
-            for (int w = 0; w < AS_WARPS; w++) {
+            for (int w = 0; w < W; w++) {
                 const float f = expf(sm_m[w][g] - M);
                 L += sm_l[w][g] * f;
                 A += sm_acc[w][g][d] * f;
@@ -278,18 +278,27 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
 #endif
 }
 
+int step_warps = -1;
+
 template <int E>
 cudaError_t launch_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
+    if (step_warps < 0) {
+        const char *w = getenv("SPARK_CUDA_ATTSTEP_WARPS");
+        step_warps = w && atoi(w) == 4 ? 4 : AS_WARPS;
+    }
+    if (step_warps == 4)
+        return launch_cluster_ex(a->pdl != 0, cluster, dim3((unsigned)(a->n_head_kv * cluster)), dim3(4 * WARP), 0, st,
+                                 attn_step_kernel<E, 4>, *a);
     return launch_cluster_ex(a->pdl != 0, cluster, dim3((unsigned)(a->n_head_kv * cluster)), dim3(AS_WARPS * WARP), 0,
-                             st, attn_step_kernel<E>, *a);
+                             st, attn_step_kernel<E, AS_WARPS>, *a);
 }
 
 /* Whether clusters of c blocks of fn can run here. */
-template <int E>
+template <int E, int W>
 bool cluster_runs(int c)
 {
-    void (*fn)(cu_attn_args) = attn_step_kernel<E>;
+    void (*fn)(cu_attn_args) = attn_step_kernel<E, W>;
     if (c > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
         cudaGetLastError();
         return false;
@@ -297,7 +306,7 @@ bool cluster_runs(int c)
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3((unsigned)c);
-    cfg.blockDim = dim3(AS_WARPS * WARP);
+    cfg.blockDim = dim3(W * WARP);
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeClusterDimension;
     at.val.clusterDim.x = (unsigned)c;
@@ -321,7 +330,10 @@ int cu_attn_step_cluster(int device, int want)
         return 0;
     }
     for (int c = want > AS_CMAX ? AS_CMAX : want; c >= 2; c /= 2)
-        if (cluster_runs<1>(c) && cluster_runs<2>(c) && cluster_runs<4>(c) && cluster_runs<8>(c)) return c;
+        if (cluster_runs<1, AS_WARPS>(c) && cluster_runs<2, AS_WARPS>(c) && cluster_runs<4, AS_WARPS>(c) &&
+            cluster_runs<8, AS_WARPS>(c) && cluster_runs<1, 4>(c) && cluster_runs<2, 4>(c) && cluster_runs<4, 4>(c) &&
+            cluster_runs<8, 4>(c))
+            return c;
     return 0;
 }
 

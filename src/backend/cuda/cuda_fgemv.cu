@@ -50,6 +50,16 @@ __device__ __forceinline__ float byte_f(uint32_t w, int k)
     return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (unsigned)k)) - (8388608.0f + (float)BIAS);
 }
 
+/* byte k of w, a nibble n (0..15), as the float 0.5 + n / 256 in one byte
+ * permute: bits 0x3F00_0000 | n << 16. A dot product of such values with x
+ * gives sum(n x) = 256 S - 128 sum(x); the offset costs ~4 of fp32's 24
+ * bits (relative error ~1e-6 of the sum), and halves the instructions a
+ * Q4_K value needs (bench/cuda_runs.md run 8). */
+__device__ __forceinline__ float nib_f(uint32_t w, int k)
+{
+    return __uint_as_float(__byte_perm(w, 0x3F000000u, 0x7044u | ((unsigned)k << 8)));
+}
+
 /* ---- the formats: a unit of a row, and its dot product with x ---------------- */
 /* x is in shared memory by units, transposed (load_norm_x's VPU = VALS / 4):
  * float4 k of unit i at xs4[k * nvec + i], nvec = units a row. */
@@ -95,16 +105,16 @@ struct fmt_q8_0 {
     {
         const uint32_t w[4] = {u.q.x ^ 0x80808080u, u.q.y ^ 0x80808080u, u.q.z ^ 0x80808080u,
                                u.q.w ^ 0x80808080u}; /* signed -> biased by 128 */
-        float s = 0.0f;
+        float s0 = 0.0f, s1 = 0.0f; /* two chains */
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const float4 x = xs4[k * nvec + i];
-            s = fmaf(byte_f<128>(w[k], 0), x.x, s);
-            s = fmaf(byte_f<128>(w[k], 1), x.y, s);
-            s = fmaf(byte_f<128>(w[k], 2), x.z, s);
-            s = fmaf(byte_f<128>(w[k], 3), x.w, s);
+            s0 = fmaf(byte_f<128>(w[k], 0), x.x, s0);
+            s1 = fmaf(byte_f<128>(w[k], 1), x.y, s1);
+            s0 = fmaf(byte_f<128>(w[k], 2), x.z, s0);
+            s1 = fmaf(byte_f<128>(w[k], 3), x.w, s1);
         }
-        return fmaf(h2f_bits(u.d), s, acc);
+        return fmaf(h2f_bits(u.d), s0 + s1, acc);
     }
 };
 
@@ -140,22 +150,24 @@ struct fmt_q4_k {
         const float sc = (float)((sc2 >> hb) & 0xffu), mn = (float)((mn2 >> hb) & 0xffu);
         const float d = h2f_bits(u.h.x & 0xffffu), dmin = h2f_bits(u.h.x >> 16);
         const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
-        float s = 0.0f;
+        float s0 = 0.0f, s1 = 0.0f; /* two chains: low and high nibbles */
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const uint32_t lo = w[k] & 0x0f0f0f0fu, hi = (w[k] >> 4) & 0x0f0f0f0fu;
             const float4 xl = xs4[k * nvec + i], xh = xs4[(4 + k) * nvec + i];
-            s = fmaf(byte_f<0>(lo, 0), xl.x, s);
-            s = fmaf(byte_f<0>(lo, 1), xl.y, s);
-            s = fmaf(byte_f<0>(lo, 2), xl.z, s);
-            s = fmaf(byte_f<0>(lo, 3), xl.w, s);
-            s = fmaf(byte_f<0>(hi, 0), xh.x, s);
-            s = fmaf(byte_f<0>(hi, 1), xh.y, s);
-            s = fmaf(byte_f<0>(hi, 2), xh.z, s);
-            s = fmaf(byte_f<0>(hi, 3), xh.w, s);
+            s0 = fmaf(nib_f(lo, 0), xl.x, s0);
+            s1 = fmaf(nib_f(hi, 0), xh.x, s1);
+            s0 = fmaf(nib_f(lo, 1), xl.y, s0);
+            s1 = fmaf(nib_f(hi, 1), xh.y, s1);
+            s0 = fmaf(nib_f(lo, 2), xl.z, s0);
+            s1 = fmaf(nib_f(hi, 2), xh.z, s1);
+            s0 = fmaf(nib_f(lo, 3), xl.w, s0);
+            s1 = fmaf(nib_f(hi, 3), xh.w, s1);
         }
-        acc = fmaf(d * sc, s, acc);
-        return fmaf(-dmin * mn, xsum[i], acc);
+        /* a sum(n x) - m sum(x) with sum(n x) = 256 S - 128 sum(x) (nib_f) */
+        const float a = d * sc, X = xsum[i];
+        acc = fmaf(256.0f * a, s0 + s1, acc);
+        return fmaf(-(128.0f * a + dmin * mn), X, acc);
     }
 };
 
