@@ -160,39 +160,7 @@ __global__ void __launch_bounds__(W * WARP) attn_step_kernel(cu_attn_args a)
     for (int64_t j0 = first; j0 < je; j0 += STRIDE) {
         float k2[AS_KT][E], v2[AS_KT][E];
         if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2);
-#pragma unroll
-        for (int g = 0; g < AS_G; g++) {
-            if (g >= G) break;
-            float sc[AS_KT];
-#pragma unroll
-            for (int u = 0; u < AS_KT; u++) {
-                float t = 0.0f;
-#pragma unroll
-                for (int e = 0; e < E; e++) t = fmaf(q[g][e], k[u][e], t);
-                sc[u] = t;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int u = 0; u < AS_KT; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
-            float mn = m[g];
-#pragma unroll
-            for (int u = 0; u < AS_KT; u++)
-                if (j0 + u < je) mn = fmaxf(mn, sc[u]);
-            const float c = expf(m[g] - mn);
-            l[g] *= c;
-#pragma unroll
-            for (int e = 0; e < E; e++) acc[g][e] *= c;
-#pragma unroll
-            for (int u = 0; u < AS_KT; u++) {
-                if (j0 + u >= je) break;
-                const float pe = expf(sc[u] - mn);
-                l[g] += pe;
-#pragma unroll
-                for (int e = 0; e < E; e++) acc[g][e] = fmaf(pe, v[u][e], acc[g][e]);
-            }
-            m[g] = mn;
-        }
+        att_tile<AS_KT, E, AS_G>(q, k, v, G, je - j0, acc, m, l);
 #pragma unroll
         for (int u = 0; u < AS_KT; u++)
 #pragma unroll
@@ -206,28 +174,12 @@ __global__ void __launch_bounds__(W * WARP) attn_step_kernel(cu_attn_args a)
     __shared__ float sm_m[W][AS_G], sm_l[W][AS_G];
     __shared__ float sm_acc[W][AS_G][E * WARP];
     __shared__ float fin_m[AS_G], fin_l[AS_G], fin_a[AS_G][E * WARP];
-#pragma unroll
-    for (int g = 0; g < AS_G; g++) {
-        if (lane == 0) {
-            sm_m[warp][g] = m[g];
-            sm_l[warp][g] = l[g];
-        }
-#pragma unroll
-        for (int e = 0; e < E; e++) sm_acc[warp][g][lane + WARP * e] = acc[g][e];
-    }
+    att_store_warp<W, E, AS_G>(sm_m, sm_l, sm_acc, warp, lane, m, l, acc);
     __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
-        float M = -INFINITY;
-        for (int w = 0; w < W; w++) M = fmaxf(M, sm_m[w][g]);
-        float L = 0.0f, A = 0.0f;
-        if (M != -INFINITY) {
-            for (int w = 0; w < W; w++) {
-                const float f = expf(sm_m[w][g] - M);
-                L += sm_l[w][g] * f;
-                A += sm_acc[w][g][d] * f;
-            }
-        }
+        float M, L, A;
+        att_merge_warps<W, E, AS_G>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
         fin_a[g][d] = A;
         if (d == 0) {
             fin_m[g] = M;

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_internal.h"
 
 #include <cuda_runtime.h>
+#include <math.h>
 #include <string.h>
 
 namespace spark_dev {
@@ -83,6 +84,92 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
         for (int i = threadIdx.x; i < c4; i += THREADS) xs4[at(i)] = THROUGH_L2 ? __ldcg(x4 + i) : x4[i];
     }
     __syncthreads(); /* red may be reused by the caller; xs is read by every warp */
+}
+
+/* ---- decode attention: what the split-KV kernels share ---------------------- */
+
+/* One tile of KT keys for the G (<= GMAX) query heads a warp holds (lanes hold
+ * E interleaved dims, d = lane + 32 e): the KT scores reduce side by side
+ * (independent shuffle chains), then the running max m, sum l and acc are
+ * rescaled once for the tile. Keys u >= nvalid are padding. */
+template <int KT, int E, int GMAX>
+__device__ __forceinline__ void att_tile(const float (&q)[GMAX][E], const float (&k)[KT][E], const float (&v)[KT][E],
+                                         int G, int64_t nvalid, float (&acc)[GMAX][E], float (&m)[GMAX],
+                                         float (&l)[GMAX])
+{
+#pragma unroll
+    for (int g = 0; g < GMAX; g++) {
+        if (g >= G) break;
+        float sc[KT];
+#pragma unroll
+        for (int u = 0; u < KT; u++) {
+            float t = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++) t = fmaf(q[g][e], k[u][e], t);
+            sc[u] = t;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < KT; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+        float mn = m[g];
+#pragma unroll
+        for (int u = 0; u < KT; u++)
+            if (u < nvalid) mn = fmaxf(mn, sc[u]);
+        const float c = expf(m[g] - mn);
+        l[g] *= c;
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[g][e] *= c;
+#pragma unroll
+        for (int u = 0; u < KT; u++) {
+            if (u >= nvalid) break;
+            const float pe = expf(sc[u] - mn);
+            l[g] += pe;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[g][e] = fmaf(pe, v[u][e], acc[g][e]);
+        }
+        m[g] = mn;
+    }
+}
+
+/* A warp's softmax state into the block's shared arrays (row `warp`). */
+template <int W, int E, int GMAX>
+__device__ __forceinline__ void att_store_warp(float (&sm_m)[W][GMAX], float (&sm_l)[W][GMAX],
+                                               float (&sm_acc)[W][GMAX][E * WARP], int warp, int lane,
+                                               const float (&m)[GMAX], const float (&l)[GMAX],
+                                               const float (&acc)[GMAX][E])
+{
+#pragma unroll
+    for (int g = 0; g < GMAX; g++) {
+        if (lane == 0) {
+            sm_m[warp][g] = m[g];
+            sm_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int e = 0; e < E; e++) sm_acc[warp][g][lane + WARP * e] = acc[g][e];
+    }
+}
+
+/* The block's state for head g, dim d: its W warps' states merged (max M,
+ * sum L, unnormalised output A; M = -inf and L = A = 0 when no warp saw a key). */
+template <int W, int E, int GMAX>
+__device__ __forceinline__ void att_merge_warps(const float (&sm_m)[W][GMAX], const float (&sm_l)[W][GMAX],
+                                                const float (&sm_acc)[W][GMAX][E * WARP], int g, int d, float *M,
+                                                float *L, float *A)
+{
+    float mx = -INFINITY;
+    for (int w = 0; w < W; w++) mx = fmaxf(mx, sm_m[w][g]);
+    float sl = 0.0f, sa = 0.0f;
+    if (mx != -INFINITY) {
+        for (int w = 0; w < W; w++) {
+            const float f = expf(sm_m[w][g] - mx);
+            sl += sm_l[w][g] * f;
+            sa += sm_acc[w][g][d] * f;
+        }
+    }
+    *M = mx;
+    *L = sl;
+    *A = sa;
 }
 
 /* Programmatic dependent launch (sm_90): `pdl_wait` blocks until the kernels

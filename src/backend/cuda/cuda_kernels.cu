@@ -418,66 +418,18 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
                 v[u][e] = vr && d < D ? vr[d] : 0.0f;
             }
         }
-#pragma unroll
-        for (int g = 0; g < GMAX; g++) {
-            if (g >= G) break;
-            float sc[ATT_KT];
-#pragma unroll
-            for (int u = 0; u < ATT_KT; u++) {
-                float t = 0.0f;
-#pragma unroll
-                for (int e = 0; e < E; e++) t = fmaf(q[g][e], k[u][e], t);
-                sc[u] = t;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int u = 0; u < ATT_KT; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
-            float mn = m[g];
-#pragma unroll
-            for (int u = 0; u < ATT_KT; u++)
-                if (j0 + u < j_end) mn = fmaxf(mn, sc[u]);
-            const float c = expf(m[g] - mn);
-            l[g] *= c;
-#pragma unroll
-            for (int e = 0; e < E; e++) acc[g][e] *= c;
-#pragma unroll
-            for (int u = 0; u < ATT_KT; u++) {
-                if (j0 + u >= j_end) break;
-                const float pe = expf(sc[u] - mn);
-                l[g] += pe;
-#pragma unroll
-                for (int e = 0; e < E; e++) acc[g][e] = fmaf(pe, v[u][e], acc[g][e]);
-            }
-            m[g] = mn;
-        }
+        att_tile<ATT_KT, E, GMAX>(q, k, v, G, j_end - j0, acc, m, l);
     }
 
     /* merge the warps' states through shared memory */
     __shared__ float sm_m[ATT_WARPS][GMAX], sm_l[ATT_WARPS][GMAX];
     __shared__ float sm_acc[ATT_WARPS][GMAX][E * 32];
-#pragma unroll
-    for (int g = 0; g < GMAX; g++) {
-        if (lane == 0) {
-            sm_m[warp][g] = m[g];
-            sm_l[warp][g] = l[g];
-        }
-#pragma unroll
-        for (int e = 0; e < E; e++) sm_acc[warp][g][lane + 32 * e] = acc[g][e];
-    }
+    att_store_warp<ATT_WARPS, E, GMAX>(sm_m, sm_l, sm_acc, warp, lane, m, l, acc);
     __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         int g = i / D, d = i % D;
-        float M = -INFINITY;
-        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w][g]);
-        float L = 0.0f, A = 0.0f;
-        if (M != -INFINITY) {
-            for (int w = 0; w < ATT_WARPS; w++) {
-                float f = expf(sm_m[w][g] - M);
-                L += sm_l[w][g] * f;
-                A += sm_acc[w][g][d] * f;
-            }
-        }
+        float M, L, A;
+        att_merge_warps<ATT_WARPS, E, GMAX>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
         int h = kh * G + g;
         if (a.splits == 1) {
             float o = A / L;

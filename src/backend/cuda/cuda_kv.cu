@@ -416,16 +416,8 @@ __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn_kernel(cu_kv_attn_arg
     __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         int g = i / D, d = i % D;
-        float M = -INFINITY;
-        for (int w = 0; w < KA_WARPS; w++) M = fmaxf(M, sm_m[w][g]);
-        float L = 0.0f, A = 0.0f;
-        if (M != -INFINITY)
-            for (int w = 0; w < KA_WARPS; w++) {
-                if (sm_m[w][g] == -INFINITY) continue;
-                float f = expf(sm_m[w][g] - M);
-                L += sm_l[w][g] * f;
-                A += sm_acc[w][g][d] * f;
-            }
+        float M, L, A; /* (an empty warp's exp(-inf) weight adds its zeros) */
+        att_merge_warps<KA_WARPS, MAXD / WARP, GMAX>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
         int h = kh * G + g;
         float *ws = a.ws + (((int64_t)t * a.n_head + h) * a.splits + split) * (D + 2);
         if (d == 0) {
@@ -640,16 +632,8 @@ __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn2_kernel(cu_kv_attn_ar
     __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         int g = i / D, d = i % D;
-        float M = -INFINITY;
-        for (int w = 0; w < KA_WARPS; w++) M = fmaxf(M, sm_m[w][g]);
-        float L = 0.0f, A = 0.0f;
-        if (M != -INFINITY)
-            for (int w = 0; w < KA_WARPS; w++) {
-                if (sm_m[w][g] == -INFINITY) continue;
-                float f = expf(sm_m[w][g] - M);
-                L += sm_l[w][g] * f;
-                A += sm_acc[w][g][d] * f;
-            }
+        float M, L, A; /* (an empty warp's exp(-inf) weight adds its zeros) */
+        att_merge_warps<KA_WARPS, MAXD / WARP, GMAX>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
         int h = kh * G + g;
         float *ws = a.ws + (((int64_t)t * a.n_head + h) * a.splits + split) * (D + 2);
         if (d == 0) {
