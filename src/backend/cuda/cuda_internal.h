@@ -115,9 +115,10 @@ int cu_flash_ok(const cu_attn_args *a); /* shape, alignment, n; the caller check
 int cu_flash_splits(const cu_attn_args *a, int64_t pos0, int sms);
 cudaError_t cu_flash_attention(cudaStream_t st, const cu_attn_args *a);
 
-/* ---- the fast decode path (SPARK_CUDA_FAST, single token, bf16 weights) ----
+/* ---- the fast decode path (SPARK_CUDA_FAST, single token) ----
  *
- * fgemv: out = W . x for one token, W bf16 in one or two row segments
+ * fgemv (cuda_fgemv.cu): out = W . x for one token, W bf16, Q8_0 or Q4_K
+ * (dtype; quantized rows in cu_repack_rows' layout) in one or two row segments
  * (rows0 rows of w0, then rows1 of w1, into out0 / out1), every row split
  * over KS warps and every warp keeping its whole segment's 16-byte loads in
  * flight; the grid is sized to the multiprocessors (cu_fgemv picks the split
