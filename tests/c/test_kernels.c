@@ -220,22 +220,34 @@ static float *x8_activations(int64_t n)
     return x;
 }
 
+/* The x86 int8-activation tables, and whether this CPU runs each. */
+typedef struct x8_table {
+    const char *name;
+    const cpu_x8_kernels *k;
+    int ok;
+} x8_table;
+
+enum { N_X8_TABLES = 4 };
+
+static void x8_tables(x8_table tables[N_X8_TABLES])
+{
+    tables[0] = (x8_table){"avx2", &cpu_x8_avx2, cpu_isa_supported(CPU_ISA_AVX2)};
+    tables[1] = (x8_table){"avx2+vnni", &cpu_x8_avx2_vnni,
+                           cpu_isa_supported(CPU_ISA_AVX2) && __builtin_cpu_supports("avxvnni")};
+    tables[2] = (x8_table){"avx512", &cpu_x8_avx512, cpu_isa_supported(CPU_ISA_AVX512)};
+    tables[3] = (x8_table){"avx512+vnni", &cpu_x8_avx512_vnni,
+                           cpu_isa_supported(CPU_ISA_AVX512) && __builtin_cpu_supports("avx512vnni")};
+}
+
 static void test_gemv_x8_bound(void)
 {
     static const spark_dtype dts[] = {SPARK_DTYPE_Q4_K, SPARK_DTYPE_Q6_K};
     static const int64_t cols[] = {256, 768, 2560};
     static const int64_t row_counts[] = {1, 3, 37};
-    struct {
-        const char *name;
-        const cpu_x8_kernels *k;
-        int ok;
-    } tables[] = {{"avx2", &cpu_x8_avx2, cpu_isa_supported(CPU_ISA_AVX2)},
-                  {"avx2+vnni", &cpu_x8_avx2_vnni, cpu_isa_supported(CPU_ISA_AVX2) && __builtin_cpu_supports("avxvnni")},
-                  {"avx512", &cpu_x8_avx512, cpu_isa_supported(CPU_ISA_AVX512)},
-                  {"avx512+vnni", &cpu_x8_avx512_vnni,
-                   cpu_isa_supported(CPU_ISA_AVX512) && __builtin_cpu_supports("avx512vnni")}};
+    x8_table tables[N_X8_TABLES];
+    x8_tables(tables);
     uint64_t saved = rng; /* the later tests keep the data they had before this one */
-    for (size_t ti = 0; ti < sizeof tables / sizeof tables[0]; ti++) {
+    for (int ti = 0; ti < N_X8_TABLES; ti++) {
         if (!tables[ti].ok) {
             printf("  %s: not on this CPU\n", tables[ti].name);
             continue;
@@ -313,11 +325,12 @@ static void test_gemv_all_dtypes(void)
 }
 
 /* A row's GEMV result must not depend on which rows share its tile: the
- * lane kernels (plain formats, Q8_0) group rows t, t + q, t + 2q, ... of a
- * call, so the same row lands in different tiles, or in the one-row tail,
- * depending on the call's row range. Every row of a 45-row call must equal,
- * bit for bit, the same row computed alone and inside calls over shifted
- * sub-ranges (which regroup it), for every level, dtype and token count. */
+ * lane kernels (plain formats, Q8_0, Q4_K, Q6_K, and the int8-activation
+ * Q4_K / Q6_K ones) group rows t, t + q, t + 2q, ... of a call, so the same
+ * row lands in different tiles, or in the one-row tail, depending on the
+ * call's row range. Every row of a 45-row call must equal, bit for bit, the same row
+ * computed alone and inside calls over shifted sub-ranges (which regroup
+ * it), for every level, dtype and token count, and for every int8 table. */
 static void test_gemv_grouping_bit_exact(void)
 {
     enum { ROWS = 45 };
@@ -353,6 +366,40 @@ static void test_gemv_grouping_bit_exact(void)
             }
             free(m);
             free(x);
+            free(all);
+            free(part);
+        }
+    }
+    x8_table tables[N_X8_TABLES];
+    x8_tables(tables);
+    static const spark_dtype x8_dts[] = {SPARK_DTYPE_Q4_K, SPARK_DTYPE_Q6_K};
+    for (int ti = 0; ti < N_X8_TABLES; ti++) {
+        if (!tables[ti].ok) continue;
+        for (int di = 0; di < 2; di++) {
+            spark_dtype dt = x8_dts[di];
+            const int64_t c = 2560;
+            size_t rb;
+            uint8_t *m = random_matrix(dt, ROWS, c, &rb);
+            float *x = x8_activations(c);
+            q8x_block *xq = malloc((size_t)(c / 256) * sizeof *xq);
+            float *all = malloc(sizeof(float) * ROWS), *part = malloc(sizeof(float) * ROWS);
+            tables[ti].k->quant_x(dt, x, c, xq);
+            tables[ti].k->gemv[dt](m, rb, ROWS, c, xq, all);
+            int bad = 0;
+            for (int64_t r = 0; r < ROWS; r++) {
+                tables[ti].k->gemv[dt](m + (size_t)r * rb, rb, 1, c, xq, part);
+                bad += memcmp(&part[0], &all[r], sizeof(float)) != 0;
+            }
+            for (int si = 0; si < 4; si++) {
+                int64_t s0 = starts[si], n = ROWS - s0;
+                tables[ti].k->gemv[dt](m + (size_t)s0 * rb, rb, n, c, xq, part);
+                for (int64_t r = 0; r < n; r++) bad += memcmp(&part[r], &all[s0 + r], sizeof(float)) != 0;
+            }
+            CHECK_MSG(bad == 0, "%s x8 gemv %s cols %lld: %d outputs change with the rows' grouping", tables[ti].name,
+                      dtype_name(dt), (long long)c, bad);
+            free(m);
+            free(x);
+            free(xq);
             free(all);
             free(part);
         }
