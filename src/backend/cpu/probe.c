@@ -225,6 +225,22 @@ static void fma_task(void *arg, int ith, int nth)
     j->flops[slot] = fn(j->iters, &j->sink[slot]);
 }
 
+/* The best of `reps` timed pool runs of a peak probe: the threads' flops
+ * (task writes flops[ith]) over the run's wall time, flop/s. */
+static double best_flop_rate(thread_pool *pool, pool_task_fn task, void *job, const double *flops, int n_threads,
+                             int reps)
+{
+    double best = 0;
+    for (int r = 0; r < (reps > 0 ? reps : 1); r++) {
+        double t0 = now_s();
+        pool_run(pool, task, job, n_threads);
+        double t = now_s() - t0, sum = 0;
+        for (int i = 0; i < n_threads && i < 256; i++) sum += flops[i];
+        if (sum / t > best) best = sum / t;
+    }
+    return best;
+}
+
 spark_status cpu_probe_fma_peak(int n_threads, int reps, double *gflop_s)
 {
     *gflop_s = 0;
@@ -234,16 +250,8 @@ spark_status cpu_probe_fma_peak(int n_threads, int reps, double *gflop_s)
     fma_job j = {.isa = cpu_isa_active(), .iters = FMA_ITERS / 8};
     pool_run(pool, fma_task, &j, n_threads); /* warm-up: clocks up, threads awake */
     j.iters = j.isa == CPU_ISA_SCALAR ? FMA_ITERS / 8 : FMA_ITERS;
-    double best = 0;
-    for (int r = 0; r < (reps > 0 ? reps : 1); r++) {
-        double t0 = now_s();
-        pool_run(pool, fma_task, &j, n_threads);
-        double t = now_s() - t0, flops = 0;
-        for (int i = 0; i < n_threads && i < 256; i++) flops += j.flops[i];
-        if (flops / t > best) best = flops / t;
-    }
+    *gflop_s = best_flop_rate(pool, fma_task, &j, j.flops, n_threads, reps) / 1e9;
     pool_free(pool);
-    *gflop_s = best / 1e9;
     return SPARK_OK;
 }
 
@@ -269,16 +277,8 @@ spark_status cpu_probe_amx_peak(int n_threads, int reps, double *gflop_s)
     amx_job j = {.iters = 1L << 17};
     pool_run(pool, amx_task, &j, n_threads); /* warm-up: clocks up, tile state granted, threads awake */
     j.iters = 1L << 20; /* ~4M tile products a thread: ~30-60 ms */
-    double best = 0;
-    for (int r = 0; r < (reps > 0 ? reps : 1); r++) {
-        double t0 = now_s();
-        pool_run(pool, amx_task, &j, n_threads);
-        double t = now_s() - t0, flops = 0;
-        for (int i = 0; i < n_threads && i < 256; i++) flops += j.flops[i];
-        if (flops / t > best) best = flops / t;
-    }
+    *gflop_s = best_flop_rate(pool, amx_task, &j, j.flops, n_threads, reps) / 1e9;
     pool_free(pool);
-    *gflop_s = best / 1e9;
     return SPARK_OK;
 }
 
