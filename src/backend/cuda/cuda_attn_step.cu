@@ -55,8 +55,8 @@ __device__ __forceinline__ void step_cos_sin(const cu_attn_args &a, int64_t p, i
 }
 #endif
 
-template <int E, int W>
-__global__ void __launch_bounds__(W * WARP) attn_step_kernel(cu_attn_args a)
+template <int E>
+__global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::cluster_group cl = cg::this_cluster();
@@ -154,9 +154,9 @@ __global__ void __launch_bounds__(W * WARP) attn_step_kernel(cu_attn_args a)
         }
     }
 
-    /* a warp owns every W-th tile of AS_KT keys; the next tile's
+    /* a warp owns every AS_WARPS-th tile of AS_KT keys; the next tile's
      * loads are issued before the current one is scored */
-    constexpr int STRIDE = W * AS_KT;
+    constexpr int STRIDE = AS_WARPS * AS_KT;
     for (int64_t j0 = first; j0 < je; j0 += STRIDE) {
         float k2[AS_KT][E], v2[AS_KT][E];
         if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2);
@@ -171,15 +171,15 @@ __global__ void __launch_bounds__(W * WARP) attn_step_kernel(cu_attn_args a)
     }
 
     /* the warps' states -> this block's partial (fin_*), in shared memory */
-    __shared__ float sm_m[W][AS_G], sm_l[W][AS_G];
-    __shared__ float sm_acc[W][AS_G][E * WARP];
+    __shared__ float sm_m[AS_WARPS][AS_G], sm_l[AS_WARPS][AS_G];
+    __shared__ float sm_acc[AS_WARPS][AS_G][E * WARP];
     __shared__ float fin_m[AS_G], fin_l[AS_G], fin_a[AS_G][E * WARP];
-    att_store_warp<W, E, AS_G>(sm_m, sm_l, sm_acc, warp, lane, m, l, acc);
+    att_store_warp<AS_WARPS, E, AS_G>(sm_m, sm_l, sm_acc, warp, lane, m, l, acc);
     __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
         float M, L, A;
-        att_merge_warps<W, E, AS_G>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
+        att_merge_warps<AS_WARPS, E, AS_G>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
         fin_a[g][d] = A;
         if (d == 0) {
             fin_m[g] = M;
@@ -234,14 +234,14 @@ template <int E>
 cudaError_t launch_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
     return launch_cluster_ex(a->pdl != 0, cluster, dim3((unsigned)(a->n_head_kv * cluster)), dim3(AS_WARPS * WARP), 0,
-                             st, attn_step_kernel<E, AS_WARPS>, *a);
+                             st, attn_step_kernel<E>, *a);
 }
 
 /* Whether clusters of c blocks of fn can run here. */
-template <int E, int W>
+template <int E>
 bool cluster_runs(int c)
 {
-    void (*fn)(cu_attn_args) = attn_step_kernel<E, W>;
+    void (*fn)(cu_attn_args) = attn_step_kernel<E>;
     if (c > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
         cudaGetLastError();
         return false;
@@ -249,7 +249,7 @@ bool cluster_runs(int c)
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3((unsigned)c);
-    cfg.blockDim = dim3(W * WARP);
+    cfg.blockDim = dim3(AS_WARPS * WARP);
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeClusterDimension;
     at.val.clusterDim.x = (unsigned)c;
@@ -273,9 +273,7 @@ int cu_attn_step_cluster(int device, int want)
         return 0;
     }
     for (int c = want > AS_CMAX ? AS_CMAX : want; c >= 2; c /= 2)
-        if (cluster_runs<1, AS_WARPS>(c) && cluster_runs<2, AS_WARPS>(c) && cluster_runs<4, AS_WARPS>(c) &&
-            cluster_runs<8, AS_WARPS>(c))
-            return c;
+        if (cluster_runs<1>(c) && cluster_runs<2>(c) && cluster_runs<4>(c) && cluster_runs<8>(c)) return c;
     return 0;
 }
 

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <string.h>
@@ -15,6 +16,9 @@
 namespace spark_dev {
 
 constexpr int WARP = 32;
+
+/* an IEEE half's bits (the scales of Q8_0 / Q4_K / Q6_K, f16 weights) as a float */
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 __device__ __forceinline__ float warp_sum(float v)
 {

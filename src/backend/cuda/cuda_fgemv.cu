@@ -40,8 +40,6 @@ namespace {
 
 constexpr int FG_THREADS = 256, FG_WARPS = FG_THREADS / WARP;
 
-__device__ __forceinline__ float h2f_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
-
 /* byte k of w (0..255), minus `bias`, as a float, exactly: 2^23 + b as bits
  * (one byte permute), minus 2^23 + bias (no integer-to-float conversion) */
 template <int BIAS>
@@ -114,7 +112,7 @@ struct fmt_q8_0 {
             s0 = fmaf(byte_f<128>(w[k], 2), x.z, s0);
             s1 = fmaf(byte_f<128>(w[k], 3), x.w, s1);
         }
-        return fmaf(h2f_bits(u.d), s0 + s1, acc);
+        return fmaf(h2f((uint16_t)u.d), s0 + s1, acc);
     }
 };
 
@@ -148,7 +146,7 @@ struct fmt_q4_k {
         const uint32_t sc2 = c < 2 ? A & 0x3f3fu : (B & 0x0f0fu) | ((Cw >> 2) & 0x3030u);
         const uint32_t mn2 = c < 2 ? B & 0x3f3fu : ((B >> 4) & 0x0f0fu) | ((A >> 2) & 0x3030u);
         const float sc = (float)((sc2 >> hb) & 0xffu), mn = (float)((mn2 >> hb) & 0xffu);
-        const float d = h2f_bits(u.h.x & 0xffffu), dmin = h2f_bits(u.h.x >> 16);
+        const float d = h2f((uint16_t)u.h.x), dmin = h2f((uint16_t)(u.h.x >> 16));
         const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
         float s0 = 0.0f, s1 = 0.0f; /* two chains: low and high nibbles */
 #pragma unroll

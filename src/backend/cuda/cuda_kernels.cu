@@ -25,7 +25,6 @@ using namespace spark_dev;
 
 namespace {
 
-__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float b2f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 __device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return *(const uint16_t *)p; }
 

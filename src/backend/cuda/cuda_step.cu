@@ -338,7 +338,7 @@ __device__ void run_embed(const mk_params &P, const cu_mk_phase &p)
     for (int64_t i = (int64_t)blockIdx.x * MK_THREADS + threadIdx.x; i < p.cols; i += stride) {
         float v;
         if (p.dtype == CU_BF16) v = __uint_as_float((uint32_t)((const uint16_t *)row)[i] << 16);
-        else if (p.dtype == CU_F16) v = __half2float(__ushort_as_half(((const uint16_t *)row)[i]));
+        else if (p.dtype == CU_F16) v = h2f(((const uint16_t *)row)[i]);
         else v = ((const float *)row)[i];
         p.out[i] = v;
     }
