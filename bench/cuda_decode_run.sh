@@ -19,13 +19,6 @@ set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/cuda-decode}
 BIN=${BIN:-.carry}
-if ls "$BIN"/*.xz >/dev/null 2>&1; then # packed by bench/cuda_carry.sh
-    mkdir -p "$BIN/bin" .devdeps
-    for f in "$BIN"/*.xz; do xz -dc "$f" >"$BIN/bin/$(basename "$f" .xz)" && chmod +x "$BIN/bin/$(basename "$f" .xz)"; done
-    cp "$BIN"/*.deb .devdeps/ 2>/dev/null
-    [ -d "$BIN/wheels" ] && cp -r "$BIN/wheels" "$BIN/bin/"
-    BIN=$BIN/bin
-fi
 . "$(dirname "$0")/device_env.sh"
 BIN=$(readlink -f "$BIN")
 stamp "start ($MODE) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"

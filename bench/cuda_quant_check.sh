@@ -9,12 +9,6 @@
 set -u
 OUT=${OUT:-/tmp/cuda-quant}
 BIN=${BIN:-.carry}
-if ls "$BIN"/*.xz >/dev/null 2>&1; then
-    mkdir -p "$BIN/bin" .devdeps
-    for f in "$BIN"/*.xz; do xz -dc "$f" >"$BIN/bin/$(basename "$f" .xz)" && chmod +x "$BIN/bin/$(basename "$f" .xz)"; done
-    cp "$BIN"/*.deb .devdeps/ 2>/dev/null
-    BIN=$BIN/bin
-fi
 . "$(dirname "$0")/device_env.sh"
 export SPARK_BIN=$(readlink -f "$BIN")/spark
 PYTHONPATH=tools python3 -c "

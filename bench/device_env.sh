@@ -1,5 +1,6 @@
 # device_env.sh — what every device script (bench/cuda_*.sh, flash_run.sh)
-# needs first on a lent GPU machine; sourced, after the script has set OUT:
+# needs first on a lent GPU machine; sourced, after the script has set OUT
+# (and BIN, when it runs carried binaries):
 #   . "$(dirname "$0")/device_env.sh"
 # Gives: the repository root as the working directory, $SUMMARY and the
 # stamp / note helpers (each line also appended to it), nvcc on PATH and
@@ -20,6 +21,15 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 export PYTHONUNBUFFERED=1
 command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
 CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+# BIN packed by bench/cuda_carry.sh (*.xz, runtime .debs, wheels/): unpacked
+# into $BIN/bin, which BIN then names, before the .debs below are needed
+if [ -n "${BIN:-}" ] && ls "$BIN"/*.xz >/dev/null 2>&1; then
+    mkdir -p "$BIN/bin" .devdeps
+    for f in "$BIN"/*.xz; do xz -dc "$f" >"$BIN/bin/$(basename "$f" .xz)" && chmod +x "$BIN/bin/$(basename "$f" .xz)"; done
+    cp "$BIN"/*.deb .devdeps/ 2>/dev/null
+    [ -d "$BIN/wheels" ] && cp -r "$BIN/wheels" "$BIN/bin/"
+    BIN=$BIN/bin
+fi
 SYS=/tmp/sysroot
 if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/microhttpd.h ]; then
     mkdir -p $SYS
