@@ -14,7 +14,12 @@
 # `full` adds context 32k for the first two; `verify` leaves out the GEMV
 # chains and `spark bench` (a short last check). TESTS=0 skips the test files.
 # QUANT=1: the 36-layer model also quantized to Q8_0 and Q4_K here, decoded
-# with the fast path and SPARK_CUDA_FAST=0, and their GEMV chains.
+# per QSWEEP configuration (default: the fast path and SPARK_CUDA_FAST=0), and
+# their GEMV chains per QSWEEP configuration other than SPARK_CUDA_FAST=0.
+# CHECKS: the decode check's variants (decode_check.py's NAME:VAR=V,...).
+# XCHAINS: chain sets of bench/cuda_gemv_bench.cu run again under other
+# settings, "SET:VAR=V,...;..." (SET: fgemv, or attn1 for the one-launch
+# attention's), e.g. "attn1:SPARK_CUDA_ATTSTEP_PULL=1;fgemv:SPARK_CUDA_FG_DB=2".
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/cuda-decode}
@@ -38,7 +43,7 @@ probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
 
 stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
 for _ in $(seq 120); do [ -f /tmp/m4b2.done ] && break; sleep 1; done
-timeout 200 python3 bench/decode_check.py /tmp/m4b2 default early-off:SPARK_CUDA_PDL_EARLY=0 attstep-off:SPARK_CUDA_ATTSTEP=0 cluster8:SPARK_CUDA_ATTSTEP=8 2>&1 | tee -a "$SUMMARY"
+timeout 200 python3 bench/decode_check.py /tmp/m4b2 ${CHECKS:-default early-off:SPARK_CUDA_PDL_EARLY=0 attstep-off:SPARK_CUDA_ATTSTEP=0 cluster8:SPARK_CUDA_ATTSTEP=8} 2>&1 | tee -a "$SUMMARY"
 
 stamp "decode sweep (36 layers, ctx 4096, 512 prefilled, 256 decoded)"
 for _ in $(seq 300); do [ -f /tmp/m4b.done ] && break; sleep 1; done
@@ -54,19 +59,29 @@ if [ "${QUANT:-0}" = 1 ]; then # the 36-layer 4B shape quantized here, decoded w
     for fmt in q8_0 q4_k; do
         stamp "quantize to $fmt"
         timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
-        for cfg in "default:" "generic:SPARK_CUDA_FAST=0"; do
-            line=$(env ${cfg#*:} timeout 120 "$BIN/cuda_bench" /tmp/m4b-$fmt.gguf --ctx 4096 --prefill 512 --decode 256 2>&1 |
+        IFS=';' read -r -a QCONFIGS <<<"${QSWEEP:-default:;generic:SPARK_CUDA_FAST=0}"
+        for cfg in "${QCONFIGS[@]}"; do
+            vars=$(echo "${cfg#*:}" | tr ',' ' ')
+            line=$(env $vars timeout 120 "$BIN/cuda_bench" /tmp/m4b-$fmt.gguf --ctx 4096 --prefill 512 --decode 256 2>&1 |
                 tee -a "$OUT/bench.log" | grep -E "^decode|rror" | head -2 | tr '\n' ' ')
             note "$fmt ${cfg%%:*} [${cfg#*:}]: $line"
         done
-        [ -x "$BIN/cuda_gemv_bench" ] && CHAINS=fgemv timeout 120 "$BIN/cuda_gemv_bench" --layers 36 --reps 20 --dtype $fmt 2>&1 |
-            sed "s/^/$fmt /" | tee -a "$SUMMARY"
+        for cfg in "${QCONFIGS[@]}"; do
+            case "$cfg" in *SPARK_CUDA_FAST=0*) continue ;; esac
+            [ -x "$BIN/cuda_gemv_bench" ] && env $(echo "${cfg#*:}" | tr ',' ' ') CHAINS=fgemv timeout 120 \
+                "$BIN/cuda_gemv_bench" --layers 36 --reps 20 --dtype $fmt 2>&1 | sed "s/^/$fmt ${cfg%%:*} /" | tee -a "$SUMMARY"
+        done
         rm -f /tmp/m4b-$fmt.gguf
     done
 fi
 if [ -x "$BIN/cuda_gemv_bench" ] && [ "$MODE" != verify ]; then
     stamp "GEMV chains and the attention path alone (bench/cuda_gemv_bench.cu)"
     timeout 120 "$BIN/cuda_gemv_bench" --layers 36 --reps 20 2>&1 | tee -a "$SUMMARY"
+    IFS=';' read -r -a XC <<<"${XCHAINS:-}"
+    for x in "${XC[@]}"; do
+        env $(echo "${x#*:}" | tr ',' ' ') CHAINS="${x%%:*}" timeout 60 "$BIN/cuda_gemv_bench" --layers 36 --reps 20 2>&1 |
+            sed "s/^/[${x#*:}] /" | tee -a "$SUMMARY"
+    done
 fi
 if [ "$MODE" = full ]; then
     for cfg in "${CONFIGS[@]:0:2}"; do

@@ -130,7 +130,7 @@ int main(int argc, char **argv)
     cu_fgemv_prepare(QD);
     const char *fl = getenv("SPARK_CUDA_FG_FLY");
     cu_fgemv_tune(fl ? atoi(fl) : 0);
-    const char *only = getenv("CHAINS"); /* e.g. "fgemv": the GEMV chains only */
+    const char *only = getenv("CHAINS"); /* "fgemv": the GEMV chains only; "attn1": those with the one-launch attention */
 
     /* KV caches and the attention's buffers */
     const int KVD = 1024, NH = 16, NKV = 4, D = 256;
@@ -264,6 +264,7 @@ int main(int argc, char **argv)
     };
     for (const chain &c : chains) {
         if (only && !strcmp(only, "fgemv") && (c.kind & (16 | 32 | 64))) continue;
+        if (only && !strcmp(only, "attn1") && !(c.kind & 4096)) continue; /* the one-launch attention's chains */
         if ((c.kind & 4096) && !cluster) continue; /* no clusters on this device */
         if ((c.kind & 16) && dtype != CU_BF16) continue; /* cuBLAS: bf16 matrices only */
         cudaGraph_t g;

@@ -175,8 +175,11 @@ struct fmt_q4_k {
  * of each row (all issued before any is used), so every x value a lane
  * reads from shared memory serves all rows of its set. Blocks stride over
  * the groups; the next group's loads are issued as soon as the current
- * one's are consumed, before its reduction. */
-template <typename F, int NV, int KS, bool PAIR>
+ * one's are consumed, before its reduction, or, with DB (double-buffered
+ * registers), before the current one's products: a quantized unit costs
+ * tens of instructions, and with one block an SM (their register counts)
+ * the products and the next loads' latency would otherwise not overlap. */
+template <typename F, int NV, int KS, bool PAIR, bool DB>
 __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
 {
     constexpr int RW = F::RW_SINGLE > 1 && !PAIR ? F::RW_SINGLE : 1; /* rows a warp, single matrices */
@@ -195,9 +198,9 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
     const int64_t groups = (R + RPG * RW - 1) / (RPG * RW);
     const uint8_t *w0 = (const uint8_t *)a.w0, *w1 = (const uint8_t *)a.w1;
 
-    typename F::unit v[NR][NV];
+    typename F::unit v[NR][NV], vn[DB ? NR : 1][DB ? NV : 1]; /* vn: the next group's, with DB */
     auto row_of = [&](int64_t g, int q) { return PAIR ? g * RPG + rl : (g * RPG + rl) * RW + q; };
-    auto load = [&](int64_t g) {
+    auto load = [&](int64_t g, auto &dst) {
 #pragma unroll
         for (int q = 0; q < NR; q++) {
             const int64_t r = row_of(g, PAIR ? 0 : q);
@@ -209,13 +212,13 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
 #pragma unroll
             for (int k = 0; k < NV; k++) {
                 const int i = s0 + lane + WARP * k;
-                v[q][k] = p && i < s1 ? F::load(p, i, a.cols) : F::none();
+                dst[q][k] = p && i < s1 ? F::load(p, i, a.cols) : F::none();
             }
         }
     };
 
     int64_t g = blockIdx.x;
-    load(g); /* weights only: before the wait */
+    load(g, v); /* weights only: before the wait */
     pdl_wait();
     pdl_release();
     if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
@@ -242,6 +245,10 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
 
     int par = 0;
     for (;;) {
+        const int64_t gn = g + gridDim.x;
+        if constexpr (DB) {
+            if (gn < groups) load(gn, vn); /* in flight during the products below */
+        }
         float acc[NR];
 #pragma unroll
         for (int q = 0; q < NR; q++) acc[q] = 0.0f;
@@ -253,8 +260,9 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
                 for (int q = 0; q < NR; q++) acc[q] = F::dot(v[q][k], xs4, xsum, i, nvec, acc[q]);
             }
         }
-        const int64_t gn = g + gridDim.x;
-        if (gn < groups) load(gn); /* in flight during the reduction below */
+        if constexpr (!DB) {
+            if (gn < groups) load(gn, v); /* in flight during the reduction below */
+        }
 #pragma unroll
         for (int q = 0; q < NR; q++) acc[q] = warp_sum(acc[q]);
         bool mine = lane == 0;
@@ -302,6 +310,12 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
             }
         }
         if (gn >= groups) break;
+        if constexpr (DB) {
+#pragma unroll
+            for (int q = 0; q < NR; q++)
+#pragma unroll
+                for (int k = 0; k < NV; k++) v[q][k] = vn[q][k];
+        }
         g = gn;
     }
 }
@@ -336,45 +350,72 @@ __global__ void repack_rows_kernel(uint8_t *dst, const uint8_t *src, int dtype, 
 
 typedef void (*fgemv_fn)(cu_fgemv_args);
 
-constexpr int FG_NV[] = {1, 2, 4, 5, 8, 10, 16};
-constexpr int FG_NNV = sizeof FG_NV / sizeof FG_NV[0];
-constexpr int FG_NV_QUANT = 5; /* quantized units are wider in registers: NV <= 8 */
+/* units a lane of a row segment (NV) per format: bf16 up to 16; a
+ * quantized unit is wider in registers (5-8 with its scales), up to 5 */
+constexpr int FG_NV_BF16[] = {1, 2, 4, 5, 8, 10, 16};
+constexpr int FG_NV_Q[] = {1, 2, 3, 4, 5};
+constexpr int FG_NNV_BF16 = sizeof FG_NV_BF16 / sizeof(int), FG_NNV_Q = sizeof FG_NV_Q / sizeof(int);
 constexpr int FG_KS[] = {1, 2, 4, 8};
 constexpr int FG_NKS = 4;
 
-template <typename F, int KS, bool PAIR>
+int fg_nv(int dtype, int nvi) { return dtype == CU_BF16 ? FG_NV_BF16[nvi] : FG_NV_Q[nvi]; }
+
+template <typename F, int KS, bool PAIR, bool DB>
 fgemv_fn fg_pick_nv(int nvi)
 {
-    switch (nvi) {
-    case 0: return fgemv_kernel<F, 1, KS, PAIR>;
-    case 1: return fgemv_kernel<F, 2, KS, PAIR>;
-    case 2: return fgemv_kernel<F, 4, KS, PAIR>;
-    case 3: return fgemv_kernel<F, 5, KS, PAIR>;
-    case 4: return fgemv_kernel<F, 8, KS, PAIR>;
+    if constexpr (F::DTYPE == CU_BF16) {
+        switch (nvi) {
+        case 0: return fgemv_kernel<F, 1, KS, PAIR, DB>;
+        case 1: return fgemv_kernel<F, 2, KS, PAIR, DB>;
+        case 2: return fgemv_kernel<F, 4, KS, PAIR, DB>;
+        case 3: return fgemv_kernel<F, 5, KS, PAIR, DB>;
+        case 4: return fgemv_kernel<F, 8, KS, PAIR, DB>;
+        case 5: return fgemv_kernel<F, 10, KS, PAIR, DB>;
+        case 6: return fgemv_kernel<F, 16, KS, PAIR, DB>;
+        }
+    } else {
+        switch (nvi) {
+        case 0: return fgemv_kernel<F, 1, KS, PAIR, DB>;
+        case 1: return fgemv_kernel<F, 2, KS, PAIR, DB>;
+        case 2: return fgemv_kernel<F, 3, KS, PAIR, DB>;
+        case 3: return fgemv_kernel<F, 4, KS, PAIR, DB>;
+        case 4: return fgemv_kernel<F, 5, KS, PAIR, DB>;
+        }
     }
-    if constexpr (F::DTYPE == CU_BF16) return nvi == 5 ? fgemv_kernel<F, 10, KS, PAIR> : fgemv_kernel<F, 16, KS, PAIR>;
     return NULL;
 }
 
-template <typename F>
+template <typename F, bool DB>
 fgemv_fn fg_pick_f(int ksi, int nvi, bool pair)
 {
     switch (ksi) {
-    case 0: return pair ? fg_pick_nv<F, 1, true>(nvi) : fg_pick_nv<F, 1, false>(nvi);
-    case 1: return pair ? fg_pick_nv<F, 2, true>(nvi) : fg_pick_nv<F, 2, false>(nvi);
-    case 2: return pair ? fg_pick_nv<F, 4, true>(nvi) : fg_pick_nv<F, 4, false>(nvi);
-    default: return pair ? fg_pick_nv<F, 8, true>(nvi) : fg_pick_nv<F, 8, false>(nvi);
+    case 0: return pair ? fg_pick_nv<F, 1, true, DB>(nvi) : fg_pick_nv<F, 1, false, DB>(nvi);
+    case 1: return pair ? fg_pick_nv<F, 2, true, DB>(nvi) : fg_pick_nv<F, 2, false, DB>(nvi);
+    case 2: return pair ? fg_pick_nv<F, 4, true, DB>(nvi) : fg_pick_nv<F, 4, false, DB>(nvi);
+    default: return pair ? fg_pick_nv<F, 8, true, DB>(nvi) : fg_pick_nv<F, 8, false, DB>(nvi);
     }
 }
 
-fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair)
+fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair, bool db)
 {
     switch (dtype) {
-    case CU_BF16: return fg_pick_f<fmt_bf16>(ksi, nvi, pair);
-    case CU_Q8_0: return fg_pick_f<fmt_q8_0>(ksi, nvi, pair);
-    case CU_Q4_K: return fg_pick_f<fmt_q4_k>(ksi, nvi, pair);
+    case CU_BF16: return db ? fg_pick_f<fmt_bf16, true>(ksi, nvi, pair) : fg_pick_f<fmt_bf16, false>(ksi, nvi, pair);
+    case CU_Q8_0: return db ? fg_pick_f<fmt_q8_0, true>(ksi, nvi, pair) : fg_pick_f<fmt_q8_0, false>(ksi, nvi, pair);
+    case CU_Q4_K: return db ? fg_pick_f<fmt_q4_k, true>(ksi, nvi, pair) : fg_pick_f<fmt_q4_k, false>(ksi, nvi, pair);
     default: return NULL;
     }
+}
+
+/* Whether a dtype's fgemv double-buffers its registers (the kernel's DB):
+ * SPARK_CUDA_FG_DB=0 never, 1 quantized formats (default), 2 every format. */
+bool fg_db(int dtype)
+{
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("SPARK_CUDA_FG_DB");
+        mode = e && *e ? atoi(e) : 1;
+    }
+    return mode >= 2 || (mode == 1 && dtype != CU_BF16);
 }
 
 /* values per unit, bytes read per unit, NV choices, rows a warp of a single matrix */
@@ -383,7 +424,7 @@ void fg_format(int dtype, int *vals, double *bytes, int *nnv, int *rw)
     *rw = dtype == CU_BF16 ? fmt_bf16::RW_SINGLE : dtype == CU_Q8_0 ? fmt_q8_0::RW_SINGLE : fmt_q4_k::RW_SINGLE;
     *vals = dtype == CU_BF16 ? fmt_bf16::VALS : dtype == CU_Q8_0 ? fmt_q8_0::VALS : fmt_q4_k::VALS;
     *bytes = dtype == CU_BF16 ? fmt_bf16::BYTES : dtype == CU_Q8_0 ? fmt_q8_0::BYTES : fmt_q4_k::BYTES;
-    *nnv = dtype == CU_BF16 ? FG_NNV : FG_NV_QUANT;
+    *nnv = dtype == CU_BF16 ? FG_NNV_BF16 : FG_NNV_Q;
 }
 
 size_t fg_smem(int dtype, int64_t cols) { return (size_t)cols * sizeof(float) + (dtype == CU_Q4_K ? (size_t)cols / 4 : 0); }
@@ -424,7 +465,7 @@ int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64
     const int64_t want_rb = dtype == CU_BF16 ? cols * 2 : dtype == CU_Q8_0 ? cols / 32 * 34 : cols / 256 * 144;
     const int64_t unit = dtype == CU_Q4_K ? 256 : dtype == CU_Q8_0 ? 256 : 8; /* Q8_0: 8 blocks keep rows aligned */
     return cols > 0 && cols % unit == 0 && row_bytes == want_rb && row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 &&
-           fg_smem(dtype, cols) <= 46 * 1024 && cols / vals <= 8 * WARP * FG_NV[nnv - 1] && rows > 0 &&
+           fg_smem(dtype, cols) <= 46 * 1024 && cols / vals <= 8 * WARP * fg_nv(dtype, nnv - 1) && rows > 0 &&
            rows < ((int64_t)1 << 31);
 }
 
@@ -452,10 +493,10 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         const int ks = FG_KS[ksi];
         const int need = ((nvec + ks - 1) / ks + WARP - 1) / WARP;
         int nvi = 0;
-        while (nvi < nnv && FG_NV[nvi] < need) nvi++;
+        while (nvi < nnv && fg_nv(a->dtype, nvi) < need) nvi++;
         if (nvi == nnv) continue;
-        const int nv = FG_NV[nvi];
-        fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair);
+        const int nv = fg_nv(a->dtype, nvi);
+        fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair, fg_db(a->dtype));
         int bmax = fg_occupancy(fn, smem);
         if (bmax > 8) bmax = 8;
         const int64_t set_rows = (int64_t)(FG_WARPS / ks) * rw;
@@ -483,8 +524,9 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
     if (!best) return cudaErrorInvalidValue;
     static const int show = getenv("SPARK_CUDA_FG_SHOW") != NULL;
     if (show)
-        fprintf(stderr, "fgemv %lld x %d%s (dtype %d): KS %d NV %d, %u blocks (%.0f KB in flight per SM)\n",
-                (long long)R, a->cols, pair ? " pair" : "", a->dtype, best_ks, best_nv, best_grid, best_fly / 1e3);
+        fprintf(stderr, "fgemv %lld x %d%s (dtype %d): KS %d NV %d%s, %u blocks (%.0f KB in flight per SM)\n",
+                (long long)R, a->cols, pair ? " pair" : "", a->dtype, best_ks, best_nv,
+                fg_db(a->dtype) ? " DB" : "", best_grid, best_fly / 1e3);
     cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
@@ -500,7 +542,8 @@ void cu_fgemv_prepare(int64_t cols)
         if (cols <= 0 || fg_smem(dtype, cols) > 46 * 1024) continue;
         for (int ksi = 0; ksi < FG_NKS; ksi++)
             for (int nvi = 0; nvi < nnv; nvi++)
-                for (int pair = 0; pair < 2; pair++) fg_occupancy(fg_pick(dtype, ksi, nvi, pair != 0), fg_smem(dtype, cols));
+                for (int pair = 0; pair < 2; pair++)
+                    fg_occupancy(fg_pick(dtype, ksi, nvi, pair != 0, fg_db(dtype)), fg_smem(dtype, cols));
     }
 }
 
