@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
 #include <vector>
 
 #define CK(x)                                                                                   \
@@ -167,14 +168,14 @@ int main(int argc, char **argv)
         a.x = x, a.nw = nw, a.eps = 1e-6f, a.xn = xn;
         a.w0 = ly[l].qkv, a.rows0 = QKV, a.w1 = ly[l].g, a.rows1 = G, a.out0 = qkv, a.out1 = gb;
         a.row_bytes = row_bytes(H), a.cols = H;
-        CK(cu_fgemv(st, &a, sms, pdl));
+        return cu_fgemv(st, &a, sms, pdl);
     };
     auto fg_o = [&](int l, int pdl) {
         cu_fgemv_args a;
         memset(&a, 0, sizeof a);
         a.dtype = dtype;
         a.x = att, a.w0 = ly[l].o, a.rows0 = H, a.out0 = proj, a.resid = x, a.row_bytes = row_bytes(QD), a.cols = QD;
-        CK(cu_fgemv(st, &a, sms, pdl));
+        return cu_fgemv(st, &a, sms, pdl);
     };
     auto fg_ff = [&](int l, int pdl) {
         cu_fgemv_args a;
@@ -182,14 +183,14 @@ int main(int argc, char **argv)
         a.dtype = dtype;
         a.x = x, a.nw = nw, a.eps = 1e-6f, a.xn = xn, a.pair = 1;
         a.w0 = ly[l].gate, a.w1 = ly[l].up, a.rows0 = FF, a.out0 = fa, a.out1 = fb, a.row_bytes = row_bytes(H), a.cols = H;
-        CK(cu_fgemv(st, &a, sms, pdl));
+        return cu_fgemv(st, &a, sms, pdl);
     };
     auto fg_down = [&](int l, int pdl) {
         cu_fgemv_args a;
         memset(&a, 0, sizeof a);
         a.dtype = dtype;
         a.x = fa, a.w0 = ly[l].down, a.rows0 = H, a.out0 = proj, a.resid = x, a.row_bytes = row_bytes(FF), a.cols = FF;
-        CK(cu_fgemv(st, &a, sms, pdl));
+        return cu_fgemv(st, &a, sms, pdl);
     };
     float *tab;
     CK(cudaMalloc((void **)&tab, 512 * 4));
@@ -238,6 +239,66 @@ int main(int argc, char **argv)
         cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, 1, cols, &one, w, CUDA_R_16BF, cols, xb, CUDA_R_16BF, cols,
                      &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     };
+
+    /* SWEEP_FG=1: every launch shape of each matrix kind (split KS, blocks an
+     * SM, double-buffered or not) as a chain of L layers of that kind alone;
+     * prints the default's time and the six fastest. */
+    if (getenv("SWEEP_FG")) {
+        struct res {
+            double us;
+            int db, ks, b;
+        };
+        const char *kname[] = {"qkv+gate", "out", "gate/up pair", "down"};
+        const double kbytes[] = {lb_qkv, lb_o, lb_ff, lb_down};
+        auto launch = [&](int k, int l) {
+            return k == 0 ? fg_qkv(l, 1) : k == 1 ? fg_o(l, 1) : k == 2 ? fg_ff(l, 1) : fg_down(l, 1);
+        };
+        auto time_kind = [&](int k) {
+            cudaGraph_t g;
+            cudaGraphExec_t ex;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            for (int l = 0; l < L; l++) CK(launch(k, l));
+            CK(cudaStreamEndCapture(st, &g));
+            CK(cudaGraphInstantiate(&ex, g, 0));
+            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ex, st));
+            cudaEvent_t e0, e1;
+            CK(cudaEventCreate(&e0));
+            CK(cudaEventCreate(&e1));
+            CK(cudaEventRecord(e0, st));
+            for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ex, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            cudaGraphExecDestroy(ex);
+            cudaGraphDestroy(g);
+            cudaEventDestroy(e0);
+            cudaEventDestroy(e1);
+            return 1e3 * ms / reps / L;
+        };
+        for (int k = 0; k < 4; k++) {
+            cu_fgemv_force(0, 0, -1);
+            const double def = time_kind(k);
+            std::vector<res> all;
+            for (int db = 0; db < 2; db++)
+                for (int ks = 1; ks <= 8; ks *= 2)
+                    for (int b = 1; b <= 8; b++) {
+                        cu_fgemv_force(ks, b, db);
+                        if (launch(k, 0) != cudaSuccess) { /* no such shape for this kind */
+                            cudaGetLastError();
+                            continue;
+                        }
+                        all.push_back({time_kind(k), db, ks, b});
+                    }
+            cu_fgemv_force(0, 0, -1);
+            std::sort(all.begin(), all.end(), [](const res &x, const res &y) { return x.us < y.us; });
+            printf("sweep %-12s default: %6.2f us/layer, %.2f TB/s\n", kname[k], def, kbytes[k] / (def * 1e-6) / 1e12);
+            for (size_t i = 0; i < all.size() && i < 6; i++)
+                printf("sweep %-12s db %d ks %d b %d: %6.2f us/layer, %.2f TB/s\n", kname[k], all[i].db, all[i].ks,
+                       all[i].b, all[i].us, kbytes[k] / (all[i].us * 1e-6) / 1e12);
+        }
+        if (only && !strcmp(only, "sweep")) return 0;
+    }
 
     struct chain {
         const char *name;
@@ -289,11 +350,11 @@ int main(int argc, char **argv)
                 blas_mv(ly[l].down, H, FF, fa, proj);
                 continue;
             }
-            if (c.kind & 1) fg_qkv(l, pdl);
+            if (c.kind & 1) CK(fg_qkv(l, pdl));
             if (c.kind & 64) attn_path(l, pdl);
-            if (c.kind & 2) fg_o(l, pdl);
-            if (c.kind & 4) fg_ff(l, pdl);
-            if (c.kind & 8) fg_down(l, pdl);
+            if (c.kind & 2) CK(fg_o(l, pdl));
+            if (c.kind & 4) CK(fg_ff(l, pdl));
+            if (c.kind & 8) CK(fg_down(l, pdl));
         }
         CK(cudaStreamEndCapture(st, &g));
         CK(cudaGraphInstantiate(&ex, g, 0));

@@ -124,28 +124,25 @@ def test_persistent_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch)
     check(f"decode (persistent kernel) {m.name} vs cpu", np.load(out), cpu)
 
 
-ATTSTEP_CASES = {  # case: shape, environment (cluster size, key limit, merge of the one-launch attention)
-    "gqa4_w8": ("gqa4_w8", {}),
-    "d256_gqa4_w16": ("d256_gqa4_w16", {"SPARK_CUDA_ATTSTEP": "2"}),
-    "mha_w16": ("mha_w16", {"SPARK_CUDA_ATTSTEP": "8", "SPARK_CUDA_ATTSTEP_KEYS": "24"}),
-    "gqa4_8layers_w12": ("gqa4_8layers_w12", {"SPARK_CUDA_ATTSTEP_KEYS": "20"}),
-    "gqa4_w8-pull": ("gqa4_w8", {"SPARK_CUDA_ATTSTEP_PULL": "1"}),
-    "d256_gqa4_w16-pull": ("d256_gqa4_w16", {"SPARK_CUDA_ATTSTEP_PULL": "1", "SPARK_CUDA_ATTSTEP": "8"}),
+ATTSTEP_CASES = {  # shape: environment (cluster size, key limit of the one-launch attention)
+    "gqa4_w8": {},
+    "d256_gqa4_w16": {"SPARK_CUDA_ATTSTEP": "2"},
+    "mha_w16": {"SPARK_CUDA_ATTSTEP": "8", "SPARK_CUDA_ATTSTEP_KEYS": "24"},
+    "gqa4_8layers_w12": {"SPARK_CUDA_ATTSTEP_KEYS": "20"},
 }
 
 
-@pytest.mark.parametrize("case", ATTSTEP_CASES)
-def test_attention_step_kernel_matches_cpu(models, case, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ATTSTEP_CASES)
+def test_attention_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch):
     """A decode step's attention in one launch (cuda_attn_step.cu: rope, k/v
-    store, the splits merged inside a thread-block cluster, their partials
-    pushed to the merging block or, -pull, read from the partners): it must
-    have run (the backend counts its launches), at the cluster size asked
-    for, and agree with the CPU. With a key limit below the prompt, full
-    layers leave it mid-decode: a second graph is captured and the split
-    kernels take over, so the counts show both regimes."""
-    name, env = ATTSTEP_CASES[case]
+    store, the splits merged inside a thread-block cluster): it must have run
+    (the backend counts its launches), at the cluster size asked for, and
+    agree with the CPU. With a key limit below the prompt, full layers leave
+    it mid-decode: a second graph is captured and the split kernels take
+    over, so the counts show both regimes."""
     m = models[(name, "bf16")]
     cpu = logits(tmp_path, m.hf, m.ids, "--all")
+    env = ATTSTEP_CASES[name]
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
@@ -234,19 +231,19 @@ def test_quantized_fgemv_matches_cpu(models, model, fmt, tmp_path, monkeypatch):
           logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu"), cpu[: len(ids)])
 
 
-def test_bf16_fgemv_double_buffered_matches_cpu(models, tmp_path, monkeypatch):
-    """SPARK_CUDA_FG_DB=2 runs bf16 rows on the double-buffered fgemv too (a
-    measurement option; the default keeps bf16 single-buffered)."""
+def test_bf16_fgemv_single_buffered_matches_cpu(models, tmp_path, monkeypatch):
+    """SPARK_CUDA_FG_DB=0: fgemv issues a group's loads after the previous
+    group's products (the default double-buffers its registers)."""
     m = models[("d256_gqa4_w16", "bf16")]
     cpu = logits(tmp_path, m.hf, m.ids, "--all")
-    monkeypatch.setenv("SPARK_CUDA_FG_DB", "2")
+    monkeypatch.setenv("SPARK_CUDA_FG_DB", "0")
     monkeypatch.setenv("SPARK_CUDA_FG_SHOW", "1")
-    out = tmp_path / "db.npy"
+    out = tmp_path / "sb.npy"
     proc = run_spark(["logits", m.hf, "--ids", ",".join(map(str, m.ids)), "--out", out, "--all", "--mode", "decode",
                       "--gpu"])
     shown = [x for x in proc.stderr.splitlines() if x.startswith("fgemv ")]
-    assert shown and all(" DB," in x for x in shown), proc.stderr[-1500:]
-    check(f"decode (bf16 fgemv, double-buffered) {m.name} vs cpu", np.load(out), cpu)
+    assert shown and not any(" DB," in x for x in shown), proc.stderr[-1500:]
+    check(f"decode (bf16 fgemv, single-buffered) {m.name} vs cpu", np.load(out), cpu)
 
 
 def test_spark_tiny_greedy_text_identical(gpu):

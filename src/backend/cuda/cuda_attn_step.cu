@@ -40,7 +40,19 @@ constexpr int AS_G = 4;      /* query heads per KV head, at most */
 constexpr int AS_CMAX = 16;  /* blocks a cluster, at most (16 is Hopper's non-portable size) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* (the kernel is empty on older targets) */
-constexpr int AS_KT = 4; /* keys a warp scores together (as attention_kernel) */
+/* The scaled query of a lean kernel, read from shared memory: q[g][e] is
+ * dim lane + 32 e of head g. */
+template <int E>
+struct smem_q {
+    const float (*qs)[E * WARP];
+    int lane;
+    struct row {
+        const float *p;
+        int lane;
+        __device__ float operator[](int e) const { return p[lane + WARP * e]; }
+    };
+    __device__ row operator[](int g) const { return {qs[g], lane}; }
+};
 
 /* cos, sin of rope pair t at position p: from the step's table when there
  * is one, else computed (the same double operations as the table). */
@@ -53,40 +65,16 @@ __device__ __forceinline__ void step_cos_sin(const cu_attn_args &a, int64_t p, i
         rope_cos_sin(p, t, half, a.theta, c, s);
     }
 }
-
-/* The splits' weights exp(m_c - M) and their total sum l_c exp(m_c - M)
- * per query head, blocks in ascending order (as the merge kernel); a split
- * without keys (m = -inf) weighs 0. Ends with a block barrier. */
-__device__ __forceinline__ void split_weights(const float (&rm)[AS_CMAX][AS_G], const float (&rl)[AS_CMAX][AS_G],
-                                              float (&wgt)[AS_CMAX][AS_G], float (&tot)[AS_G], int C, int G)
-{
-    if (threadIdx.x < G) {
-        const int g = threadIdx.x;
-        float M = -INFINITY;
-        for (int c = 0; c < C; c++) M = fmaxf(M, rm[c][g]);
-        float L = 0.0f;
-        for (int c = 0; c < C; c++) {
-            const float f = rm[c][g] == -INFINITY ? 0.0f : expf(rm[c][g] - M);
-            wgt[c][g] = f;
-            L += rl[c][g] * f;
-        }
-        tot[g] = L;
-    }
-    __syncthreads();
-}
-
-/* Output d of query head h, gated (sigmoid of its gate logit) when the layer has one. */
-__device__ __forceinline__ void store_gated(const cu_attn_args &a, int h, int d, int D, float o)
-{
-    if (a.gate) o *= 1.0f / (1.0f + expf(-a.gate[h]));
-    a.out[(int64_t)h * D + d] = o;
-}
 #endif
 
-template <int E, bool PUSH>
-__global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args a)
+/* LEAN: <= 128 registers (two blocks an SM, so the kernel can be resident
+ * beside a GEMV's block and issue its loads early): the scaled query read
+ * from shared memory, tiles of 2 keys. */
+template <int E, bool LEAN>
+__global__ void __launch_bounds__(AS_WARPS * WARP, LEAN ? 2 : 1) attn_step_kernel(cu_attn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int AS_KT = LEAN ? 2 : 4; /* keys a warp scores together (as attention_kernel) */
     cg::cluster_group cl = cg::this_cluster();
     const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
     const int kh = blockIdx.x / C;
@@ -101,17 +89,13 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     const bool owner = jb <= p && p < je;                   /* this block stores the current k / v */
     float *kc = (float *)a.kc, *vc = (float *)a.vc;         /* the backend's caches (const for the readers) */
     float *qkv = (float *)a.qkv;
-    __shared__ float k_new[E * WARP], v_new[E * WARP]; /* the owner's k (roped) and v of position p */
 
     auto load = [&](int64_t j0, float (&k)[AS_KT][E], float (&v)[AS_KT][E]) {
 #pragma unroll
         for (int u = 0; u < AS_KT; u++) {
             const int64_t j = j0 + u;
             const float *kr = NULL, *vr = NULL;
-            if (j == p) { /* just stored: from this block's shared copy, not another round trip */
-                kr = k_new;
-                vr = v_new;
-            } else if (j < je) {
+            if (j < je) {
                 const int64_t off = (j % a.slots) * kv_dim + (int64_t)kh * D;
                 kr = kc + off;
                 vr = vc + off;
@@ -132,12 +116,14 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     float k[AS_KT][E], v[AS_KT][E];
     if (!first_has_p) load(first, k, v);
     if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
-    if constexpr (PUSH) cl.barrier_arrive(); /* "started", for the pushes below (waited for there) */
     pdl_wait();
     pdl_release();
 
     /* this KV head's G query heads, roped: pairs (t, t + half) */
     __shared__ float qs[AS_G][E * WARP];
+    __shared__ float qsc[LEAN ? AS_G : 1][E * WARP]; /* LEAN: qs * scale, zero past the heads' dims */
+    if constexpr (LEAN)
+        for (int i = threadIdx.x; i < AS_G * E * WARP; i += blockDim.x) qsc[i / (E * WARP)][i % (E * WARP)] = 0.0f;
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
         const float *hq = qkv + (int64_t)(kh * G + g) * D;
@@ -150,6 +136,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
             y = d < half ? x0 * c - x1 * s : x1 * c + x0 * s; /* as rope_kv_kernel */
         }
         qs[g][d] = y;
+        if constexpr (LEAN) qsc[g][d] = y * a.scale;
     }
     if (owner) { /* rope k in place, store k and v into the slot of p */
         float *kq = qkv + q_dim + (int64_t)kh * D;
@@ -165,18 +152,16 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
                 kc[off + t + half] = y1;
                 kq[t] = y0;
                 kq[t + half] = y1;
-                k_new[t] = y0;
-                k_new[t + half] = y1;
             } else if (t >= 2 * half) {
-                kc[off + t] = k_new[t] = kq[t];
+                kc[off + t] = kq[t];
             }
-            vc[off + t] = v_new[t] = vq[t];
+            vc[off + t] = vq[t];
         }
     }
     __syncthreads(); /* qs complete; the store visible to this block */
     if (first_has_p) load(first, k, v);
 
-    float q[AS_G][E], acc[AS_G][E], m[AS_G], l[AS_G];
+    float q[LEAN ? 1 : AS_G][E], acc[AS_G][E], m[AS_G], l[AS_G];
 #pragma unroll
     for (int g = 0; g < AS_G; g++) {
         m[g] = -INFINITY;
@@ -184,7 +169,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
 #pragma unroll
         for (int e = 0; e < E; e++) {
             const int d = lane + WARP * e;
-            q[g][e] = g < G && d < D ? qs[g][d] * a.scale : 0.0f;
+            if constexpr (!LEAN) q[g][e] = g < G && d < D ? qs[g][d] * a.scale : 0.0f;
             acc[g][e] = 0.0f;
         }
     }
@@ -195,7 +180,8 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     for (int64_t j0 = first; j0 < je; j0 += STRIDE) {
         float k2[AS_KT][E], v2[AS_KT][E];
         if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2);
-        att_tile<AS_KT, E, AS_G>(q, k, v, G, je - j0, acc, m, l);
+        if constexpr (LEAN) att_tile<AS_KT, E, AS_G>(smem_q<E>{qsc, lane}, k, v, G, je - j0, acc, m, l);
+        else att_tile<AS_KT, E, AS_G>(q, k, v, G, je - j0, acc, m, l);
 #pragma unroll
         for (int u = 0; u < AS_KT; u++)
 #pragma unroll
@@ -205,101 +191,85 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
             }
     }
 
-    /* the warps' states -> this block's partial, merged over its warps */
+    /* the warps' states -> this block's partial (fin_*), in shared memory */
     __shared__ float sm_m[AS_WARPS][AS_G], sm_l[AS_WARPS][AS_G];
     __shared__ float sm_acc[AS_WARPS][AS_G][E * WARP];
+    __shared__ float fin_m[AS_G], fin_l[AS_G], fin_a[AS_G][E * WARP];
     att_store_warp<AS_WARPS, E, AS_G>(sm_m, sm_l, sm_acc, warp, lane, m, l, acc);
     __syncthreads();
-    const int outs = G * D, slice = (outs + C - 1) / C; /* block r merges outputs [r slice, r slice + slice) */
-    __shared__ float rm[AS_CMAX][AS_G], rl[AS_CMAX][AS_G], wgt[AS_CMAX][AS_G], tot[AS_G];
-    if constexpr (PUSH) {
-        /* push: each output's partial straight into the shared memory of the
-         * block that merges it, the (m, l) pairs into every block's; then one
-         * cluster barrier, after which every block reads only its own */
-        __shared__ float inbox[AS_G * E * WARP + AS_CMAX]; /* [split c][slice offset], C x slice <= outs + C */
-        cl.barrier_wait(); /* every partner has started (its shared memory exists) */
-        for (int i = threadIdx.x; i < outs; i += blockDim.x) {
-            const int g = i / D, d = i % D, r = i / slice;
-            float M, L, A;
-            att_merge_warps<AS_WARPS, E, AS_G>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
-            cl.map_shared_rank(&inbox[0], r)[rank * slice + i - r * slice] = A;
-            if (d == 0)
-                for (int c = 0; c < C; c++) {
-                    cl.map_shared_rank(&rm[0][0], c)[rank * AS_G + g] = M;
-                    cl.map_shared_rank(&rl[0][0], c)[rank * AS_G + g] = L;
-                }
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        float M, L, A;
+        att_merge_warps<AS_WARPS, E, AS_G>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
+        fin_a[g][d] = A;
+        if (d == 0) {
+            fin_m[g] = M;
+            fin_l[g] = L;
         }
-        cl.sync(); /* every push has landed; every q read is done */
-        if (rank == 0) /* q roped in place, as rope_kv leaves it */
-            for (int i = threadIdx.x; i < G * D; i += blockDim.x)
-                qkv[(int64_t)(kh * G + i / D) * D + i % D] = qs[i / D][i % D];
-        split_weights(rm, rl, wgt, tot, C, G);
-        const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
-        for (int i = rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
-            const int g = i / D;
-            float A = 0.0f;
-            for (int c = 0; c < C; c++)
-                if (wgt[c][g] != 0.0f) A += inbox[c * slice + i - rank * slice] * wgt[c][g];
-            store_gated(a, kh * G + g, i % D, D, A / tot[g]);
-        }
-    } else {
-        /* pull: every block's partial stays in its own shared memory; after a
-         * cluster barrier each block reads the partners' for its slice */
-        __shared__ float fin_m[AS_G], fin_l[AS_G], fin_a[AS_G][E * WARP];
-        for (int i = threadIdx.x; i < outs; i += blockDim.x) {
-            const int g = i / D, d = i % D;
-            float M, L, A;
-            att_merge_warps<AS_WARPS, E, AS_G>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
-            fin_a[g][d] = A;
-            if (d == 0) {
-                fin_m[g] = M;
-                fin_l[g] = L;
-            }
-        }
-        cl.sync(); /* every block's partial is in its shared memory; every q read is done */
-        if (rank == 0) /* q roped in place, as rope_kv leaves it */
-            for (int i = threadIdx.x; i < G * D; i += blockDim.x)
-                qkv[(int64_t)(kh * G + i / D) * D + i % D] = qs[i / D][i % D];
-        if (threadIdx.x < C * G) {
-            const int c = threadIdx.x / G, g = threadIdx.x % G;
-            rm[c][g] = cl.map_shared_rank(&fin_m[0], c)[g];
-            rl[c][g] = cl.map_shared_rank(&fin_l[0], c)[g];
-        }
-        __syncthreads();
-        split_weights(rm, rl, wgt, tot, C, G);
-        const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
-        for (int i = rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
-            const int g = i / D, d = i % D;
-            float A = 0.0f;
-            for (int c = 0; c < C; c++)
-                if (wgt[c][g] != 0.0f) A += cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] * wgt[c][g];
-            store_gated(a, kh * G + g, d, D, A / tot[g]);
-        }
-        cl.sync(); /* no block leaves while a partner may still read its shared memory */
     }
+    cl.sync(); /* every block's partial is in its shared memory; every q read is done */
+
+    if (rank == 0) /* q roped in place, as rope_kv leaves it */
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x) qkv[(int64_t)(kh * G + i / D) * D + i % D] = qs[i / D][i % D];
+
+    /* the splits' weights, once: blocks in ascending order (as the merge kernel) */
+    __shared__ float rm[AS_CMAX][AS_G], rl[AS_CMAX][AS_G], wgt[AS_CMAX][AS_G], tot[AS_G];
+    if (threadIdx.x < C * G) {
+        const int c = threadIdx.x / G, g = threadIdx.x % G;
+        rm[c][g] = cl.map_shared_rank(&fin_m[0], c)[g];
+        rl[c][g] = cl.map_shared_rank(&fin_l[0], c)[g];
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+        const int g = threadIdx.x;
+        float M = -INFINITY;
+        for (int c = 0; c < C; c++) M = fmaxf(M, rm[c][g]);
+        float L = 0.0f;
+        for (int c = 0; c < C; c++) {
+            const float f = rm[c][g] == -INFINITY ? 0.0f : expf(rm[c][g] - M); /* 0: an empty split */
+            wgt[c][g] = f;
+            L += rl[c][g] * f;
+        }
+        tot[g] = L;
+    }
+    __syncthreads();
+
+    /* this block's slice of the G x D outputs, gated */
+    const int outs = G * D, slice = (outs + C - 1) / C;
+    const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
+    for (int i = rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        float A = 0.0f;
+        for (int c = 0; c < C; c++)
+            if (wgt[c][g] != 0.0f) A += cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] * wgt[c][g];
+        float o = A / tot[g];
+        const int h = kh * G + g;
+        if (a.gate) o *= 1.0f / (1.0f + expf(-a.gate[h]));
+        a.out[(int64_t)h * D + d] = o;
+    }
+    cl.sync(); /* no block leaves while a partner may still read its shared memory */
 #endif
 }
 
-/* SPARK_CUDA_ATTSTEP_PULL=1: the splits' partials read by the merging
- * blocks (two cluster barriers) instead of pushed to them (one). */
-bool step_pull()
+/* SPARK_CUDA_ATTSTEP_LEAN=1: the <= 128-register form (see the kernel). */
+bool step_lean()
 {
-    static const int pull = getenv("SPARK_CUDA_ATTSTEP_PULL") && atoi(getenv("SPARK_CUDA_ATTSTEP_PULL")) != 0;
-    return pull;
+    static const int lean = getenv("SPARK_CUDA_ATTSTEP_LEAN") && atoi(getenv("SPARK_CUDA_ATTSTEP_LEAN")) != 0;
+    return lean;
 }
 
 template <int E>
 cudaError_t launch_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
     return launch_cluster_ex(a->pdl != 0, cluster, dim3((unsigned)(a->n_head_kv * cluster)), dim3(AS_WARPS * WARP), 0,
-                             st, step_pull() ? attn_step_kernel<E, false> : attn_step_kernel<E, true>, *a);
+                             st, step_lean() ? attn_step_kernel<E, true> : attn_step_kernel<E, false>, *a);
 }
 
 /* Whether clusters of c blocks of fn can run here. */
 template <int E>
 bool cluster_runs(int c)
 {
-    void (*fn)(cu_attn_args) = step_pull() ? attn_step_kernel<E, false> : attn_step_kernel<E, true>;
+    void (*fn)(cu_attn_args) = step_lean() ? attn_step_kernel<E, true> : attn_step_kernel<E, false>;
     if (c > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
         cudaGetLastError();
         return false;

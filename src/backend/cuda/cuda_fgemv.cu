@@ -406,16 +406,19 @@ fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair, bool db)
     }
 }
 
-/* Whether a dtype's fgemv double-buffers its registers (the kernel's DB):
- * SPARK_CUDA_FG_DB=0 never, 1 quantized formats (default), 2 every format. */
-bool fg_db(int dtype)
+/* Whether fgemv double-buffers its registers (the kernel's DB; default on,
+ * SPARK_CUDA_FG_DB=0 off): bench/cuda_runs.md run 9, 4B bf16 GEMV chain
+ * 2.240 -> 2.050 ms, Q4_K 1.717 -> 1.597 ms. fg_force can override it. */
+int fg_force_db = -1, fg_force_ks = 0, fg_force_b = 0;
+
+bool fg_db()
 {
     static int mode = -1;
     if (mode < 0) {
         const char *e = getenv("SPARK_CUDA_FG_DB");
-        mode = e && *e ? atoi(e) : 1;
+        mode = e && *e ? atoi(e) != 0 : 1;
     }
-    return mode >= 2 || (mode == 1 && dtype != CU_BF16);
+    return fg_force_db >= 0 ? fg_force_db != 0 : mode != 0;
 }
 
 /* values per unit, bytes read per unit, NV choices, rows a warp of a single matrix */
@@ -471,6 +474,13 @@ int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64
 
 void cu_fgemv_tune(int fly_kb) { fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 96e3; }
 
+void cu_fgemv_force(int ks, int b, int db)
+{
+    fg_force_ks = ks;
+    fg_force_b = b;
+    fg_force_db = db;
+}
+
 /* The split (KS, NV) and blocks per SM with the least time: per-SM bytes
  * (padding and the last round's idle slots included) over a bandwidth share
  * that drops when under ~48 KB per SM are in flight. */
@@ -491,17 +501,19 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
     int best_ks = 0, best_nv = 0;
     for (int ksi = 0; ksi < FG_NKS; ksi++) {
         const int ks = FG_KS[ksi];
+        if (fg_force_ks && ks != fg_force_ks) continue;
         const int need = ((nvec + ks - 1) / ks + WARP - 1) / WARP;
         int nvi = 0;
         while (nvi < nnv && fg_nv(a->dtype, nvi) < need) nvi++;
         if (nvi == nnv) continue;
         const int nv = fg_nv(a->dtype, nvi);
-        fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair, fg_db(a->dtype));
+        fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair, fg_db());
         int bmax = fg_occupancy(fn, smem);
         if (bmax > 8) bmax = 8;
         const int64_t set_rows = (int64_t)(FG_WARPS / ks) * rw;
         const int64_t groups = (R + set_rows - 1) / set_rows;
         for (int b = 1; b <= bmax; b++) {
+            if (fg_force_b && b != fg_force_b) continue;
             int64_t grid = (int64_t)sms * b;
             if (grid > groups) grid = groups;
             const int64_t rounds = (groups + grid - 1) / grid;
@@ -526,7 +538,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
     if (show)
         fprintf(stderr, "fgemv %lld x %d%s (dtype %d): KS %d NV %d%s, %u blocks (%.0f KB in flight per SM)\n",
                 (long long)R, a->cols, pair ? " pair" : "", a->dtype, best_ks, best_nv,
-                fg_db(a->dtype) ? " DB" : "", best_grid, best_fly / 1e3);
+                fg_db() ? " DB" : "", best_grid, best_fly / 1e3);
     cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
@@ -543,7 +555,7 @@ void cu_fgemv_prepare(int64_t cols)
         for (int ksi = 0; ksi < FG_NKS; ksi++)
             for (int nvi = 0; nvi < nnv; nvi++)
                 for (int pair = 0; pair < 2; pair++)
-                    fg_occupancy(fg_pick(dtype, ksi, nvi, pair != 0, fg_db(dtype)), fg_smem(dtype, cols));
+                    fg_occupancy(fg_pick(dtype, ksi, nvi, pair != 0, fg_db()), fg_smem(dtype, cols));
     }
 }
 

@@ -151,6 +151,10 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl);
 /* Launch shape choice: the KB in flight per SM below which cu_fgemv's
  * model assumes less bandwidth (SPARK_CUDA_FG_FLY; 0 = the default, 96). */
 void cu_fgemv_tune(int fly_kb);
+/* For bench/cuda_gemv_bench.cu's sweep: only the split ks (1/2/4/8) and b
+ * blocks an SM (0: any), double-buffered or not (db -1: the default). A
+ * launch no such shape fits fails with cudaErrorInvalidValue. */
+void cu_fgemv_force(int ks, int b, int db);
 /* Look up the kernels' occupancy for rows of `cols` now, outside any graph capture. */
 void cu_fgemv_prepare(int64_t cols);
 
