@@ -40,19 +40,7 @@ constexpr int AS_G = 4;      /* query heads per KV head, at most */
 constexpr int AS_CMAX = 16;  /* blocks a cluster, at most (16 is Hopper's non-portable size) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* (the kernel is empty on older targets) */
-/* The scaled query of a lean kernel, read from shared memory: q[g][e] is
- * dim lane + 32 e of head g. */
-template <int E>
-struct smem_q {
-    const float (*qs)[E * WARP];
-    int lane;
-    struct row {
-        const float *p;
-        int lane;
-        __device__ float operator[](int e) const { return p[lane + WARP * e]; }
-    };
-    __device__ row operator[](int g) const { return {qs[g], lane}; }
-};
+constexpr int AS_KT = 4; /* keys a warp scores together (as attention_kernel) */
 
 /* cos, sin of rope pair t at position p: from the step's table when there
  * is one, else computed (the same double operations as the table). */
@@ -67,14 +55,10 @@ __device__ __forceinline__ void step_cos_sin(const cu_attn_args &a, int64_t p, i
 }
 #endif
 
-/* LEAN: <= 128 registers (two blocks an SM, so the kernel can be resident
- * beside a GEMV's block and issue its loads early): the scaled query read
- * from shared memory, tiles of 2 keys. */
-template <int E, bool LEAN>
-__global__ void __launch_bounds__(AS_WARPS * WARP, LEAN ? 2 : 1) attn_step_kernel(cu_attn_args a)
+template <int E>
+__global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int AS_KT = LEAN ? 2 : 4; /* keys a warp scores together (as attention_kernel) */
     cg::cluster_group cl = cg::this_cluster();
     const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
     const int kh = blockIdx.x / C;
@@ -121,9 +105,6 @@ __global__ void __launch_bounds__(AS_WARPS * WARP, LEAN ? 2 : 1) attn_step_kerne
 
     /* this KV head's G query heads, roped: pairs (t, t + half) */
     __shared__ float qs[AS_G][E * WARP];
-    __shared__ float qsc[LEAN ? AS_G : 1][E * WARP]; /* LEAN: qs * scale, zero past the heads' dims */
-    if constexpr (LEAN)
-        for (int i = threadIdx.x; i < AS_G * E * WARP; i += blockDim.x) qsc[i / (E * WARP)][i % (E * WARP)] = 0.0f;
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
         const float *hq = qkv + (int64_t)(kh * G + g) * D;
@@ -136,7 +117,6 @@ __global__ void __launch_bounds__(AS_WARPS * WARP, LEAN ? 2 : 1) attn_step_kerne
             y = d < half ? x0 * c - x1 * s : x1 * c + x0 * s; /* as rope_kv_kernel */
         }
         qs[g][d] = y;
-        if constexpr (LEAN) qsc[g][d] = y * a.scale;
     }
     if (owner) { /* rope k in place, store k and v into the slot of p */
         float *kq = qkv + q_dim + (int64_t)kh * D;
@@ -161,7 +141,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP, LEAN ? 2 : 1) attn_step_kerne
     __syncthreads(); /* qs complete; the store visible to this block */
     if (first_has_p) load(first, k, v);
 
-    float q[LEAN ? 1 : AS_G][E], acc[AS_G][E], m[AS_G], l[AS_G];
+    float q[AS_G][E], acc[AS_G][E], m[AS_G], l[AS_G];
 #pragma unroll
     for (int g = 0; g < AS_G; g++) {
         m[g] = -INFINITY;
@@ -169,7 +149,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP, LEAN ? 2 : 1) attn_step_kerne
 #pragma unroll
         for (int e = 0; e < E; e++) {
             const int d = lane + WARP * e;
-            if constexpr (!LEAN) q[g][e] = g < G && d < D ? qs[g][d] * a.scale : 0.0f;
+            q[g][e] = g < G && d < D ? qs[g][d] * a.scale : 0.0f;
             acc[g][e] = 0.0f;
         }
     }
@@ -180,8 +160,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP, LEAN ? 2 : 1) attn_step_kerne
     for (int64_t j0 = first; j0 < je; j0 += STRIDE) {
         float k2[AS_KT][E], v2[AS_KT][E];
         if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2);
-        if constexpr (LEAN) att_tile<AS_KT, E, AS_G>(smem_q<E>{qsc, lane}, k, v, G, je - j0, acc, m, l);
-        else att_tile<AS_KT, E, AS_G>(q, k, v, G, je - j0, acc, m, l);
+        att_tile<AS_KT, E, AS_G>(q, k, v, G, je - j0, acc, m, l);
 #pragma unroll
         for (int u = 0; u < AS_KT; u++)
 #pragma unroll
@@ -251,25 +230,18 @@ __global__ void __launch_bounds__(AS_WARPS * WARP, LEAN ? 2 : 1) attn_step_kerne
 #endif
 }
 
-/* SPARK_CUDA_ATTSTEP_LEAN=1: the <= 128-register form (see the kernel). */
-bool step_lean()
-{
-    static const int lean = getenv("SPARK_CUDA_ATTSTEP_LEAN") && atoi(getenv("SPARK_CUDA_ATTSTEP_LEAN")) != 0;
-    return lean;
-}
-
 template <int E>
 cudaError_t launch_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
     return launch_cluster_ex(a->pdl != 0, cluster, dim3((unsigned)(a->n_head_kv * cluster)), dim3(AS_WARPS * WARP), 0,
-                             st, step_lean() ? attn_step_kernel<E, true> : attn_step_kernel<E, false>, *a);
+                             st, attn_step_kernel<E>, *a);
 }
 
 /* Whether clusters of c blocks of fn can run here. */
 template <int E>
 bool cluster_runs(int c)
 {
-    void (*fn)(cu_attn_args) = step_lean() ? attn_step_kernel<E, true> : attn_step_kernel<E, false>;
+    void (*fn)(cu_attn_args) = attn_step_kernel<E>;
     if (c > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
         cudaGetLastError();
         return false;

@@ -95,10 +95,9 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
 /* One tile of KT keys for the G (<= GMAX) query heads a warp holds (lanes hold
  * E interleaved dims, d = lane + 32 e): the KT scores reduce side by side
  * (independent shuffle chains), then the running max m, sum l and acc are
- * rescaled once for the tile. Keys u >= nvalid are padding. q: registers, or
- * a view of shared memory where registers are scarce (cuda_attn_step.cu). */
-template <int KT, int E, int GMAX, typename QT> /* QT: float[GMAX][E], or anything q[g][e] reads */
-__device__ __forceinline__ void att_tile(const QT &q, const float (&k)[KT][E], const float (&v)[KT][E],
+ * rescaled once for the tile. Keys u >= nvalid are padding. */
+template <int KT, int E, int GMAX>
+__device__ __forceinline__ void att_tile(const float (&q)[GMAX][E], const float (&k)[KT][E], const float (&v)[KT][E],
                                          int G, int64_t nvalid, float (&acc)[GMAX][E], float (&m)[GMAX],
                                          float (&l)[GMAX])
 {
