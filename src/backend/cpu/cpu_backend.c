@@ -60,6 +60,8 @@ static void cpu_destroy(backend *be)
     pool_free(cb->pool);
     free(cb->packed);
     free(cb->xq);
+    free(cb->x16q);
+    free(cb->x16d);
     free(cb->amx_x);
     if (cb->panel)
         for (int i = 0; i < nth; i++) free(cb->panel[i]);
@@ -303,8 +305,8 @@ spark_status backend_cpu_create(int n_threads, backend **out)
     cb->base.ops = &cpu_ops;
     cb->base.n_threads = n_threads > 0 ? n_threads : cpu_physical_cores();
     if (!cpu_kernels_resolve(cpu_isa_active(), &cb->k)) cpu_kernels_resolve(CPU_ISA_SCALAR, &cb->k);
-    /* SPARK_INT8_DOT=0: K-quant decode GEMVs on the exact float path too
-     * (the int8-activation ones round x; kernels_x8.inc) */
+    /* SPARK_INT8_DOT=0: K-quant and Q8_0 decode GEMVs on the exact float
+     * path too (the integer ones round x to int8 / int16; kernels_x8.inc) */
     const char *i8 = getenv("SPARK_INT8_DOT");
     if (i8 && !strcmp(i8, "0")) memset(&cb->k.x8, 0, sizeof cb->k.x8);
     spark_status st = pool_create(cb->base.n_threads, &cb->pool);

@@ -30,6 +30,9 @@ typedef struct cpu_backend {
     size_t panel_cap;    /* floats per thread */
     q8x_block *xq;       /* the activation row in int8 (single-token K-quant GEMV) */
     size_t xq_cap;       /* blocks */
+    int16_t *x16q;       /* the activation row in int16 (single-token Q8_0 GEMV) */
+    float *x16d;         /* its scales, one per 32 values */
+    size_t x16_cap;      /* values */
     uint16_t *amx_x;     /* the activations' bf16 parts for the AMX prefill (amx.c) */
     size_t amx_x_cap;    /* values */
     rope_table rope[2];

@@ -11,8 +11,10 @@
  * Numerics: all products are float32 multiply-adds of the dequantized weight
  * and float32 activations (no activation quantization) — except the
  * single-token Q4_K / Q6_K GEMVs of the x86 levels (`x8`, kernels_x8.inc),
- * which round the activations to int8 per 32 values (error bound there;
- * SPARK_INT8_DOT=0 turns them off). Otherwise a SIMD result
+ * which round the activations to int8 per 32 values, and the single-token
+ * Q8_0 GEMV there, which rounds them to int16 per 32 values (more precise
+ * than the reference's bf16 activations; error bounds there;
+ * SPARK_INT8_DOT=0 turns both off). Otherwise a SIMD result
  * differs from the scalar one only by rounding: summation order, and in the
  * K-quant GEMVs a fused multiply-subtract forming scale*q - min (relative
  * error ~1e-7 per product, ~1e-6 for rows of thousands). dequant[] is
@@ -59,12 +61,31 @@ typedef struct q8x_block {
 typedef void (*gemv_x8_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t cols, const q8x_block *x,
                            float *y);
 
+/* y[r] = sum_c W[r, c] * x[c] for r < rows, W in Q8_0, from x in int16 per
+ * 32 values: x[c] ~ xd[c / 32] * xq[c] (quant_x16). */
+typedef void (*gemv_x16_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t cols, const int16_t *xq,
+                            const float *xd, float *y);
+
 /* The integer-domain single-token GEMVs of one level (entries NULL where a
  * format or level has none: the float gemv is used). quant_x fills
- * cols / 256 blocks for weights of format dt (cols a multiple of 256). */
+ * cols / 256 blocks for weights of format dt (cols a multiple of 256).
+ *
+ * Q8_0 (gemv_q8_0_x16): x is rounded to int16, not int8, per 32 values:
+ * xd[j] = max|x| / 32767 over values [32j, 32j + 32), xq = round(x / xd[j])
+ * (cols a multiple of 32). Each element is then within xd/2 = max|x|/65534
+ * of x, at least as close as its bf16 rounding (half an ulp, up to |x|/256)
+ * for every element above max|x|/256 of its group, and the dot product's
+ * error is 40-80x below the one bf16 activations give (what the reference
+ * computes; SPEC section 2): RMS 1.2-2.3 % of it on spark-tiny's decode
+ * activations, 2-3 % on test_kernels' random ones with outliers
+ * (bench/RESULTS.md, 2026-11-30). The weight x activation products and
+ * their sums are exact int32 (vpmaddwd), converted to float exactly
+ * (|sum| < 2^24). */
 typedef struct cpu_x8_kernels {
     void (*quant_x)(spark_dtype dt, const float *x, int64_t cols, q8x_block *out);
     gemv_x8_fn gemv[SPARK_DTYPE_COUNT];
+    void (*quant_x16)(const float *x, int64_t cols, int16_t *xq, float *xd);
+    gemv_x16_fn gemv_q8_0_x16;
 } cpu_x8_kernels;
 
 typedef struct cpu_kernels {

@@ -17,6 +17,7 @@
 
 #define X8_VL 8
 #define X8_DPBUSD(u, s) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+#define X8_DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
 #define X8_TABLE cpu_x8_avx2_vnni
 #include "backend/cpu/kernels_x8.inc"
 

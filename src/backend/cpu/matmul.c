@@ -7,7 +7,8 @@
  *       of W's rows once; up to GEMV_MAX_TOKENS tokens share every weight
  *       load. Memory-bound: the aim is the bandwidth floor. One token of a
  *       Q4_K / Q6_K matrix takes the int8-activation kernels where the
- *       level has them (cpu_kernels.x8).
+ *       level has them (cpu_kernels.x8), one token of Q8_0 the
+ *       int16-activation kernel.
  *   many tokens (prefill): GEMM. Tokens are packed into groups of TW
  *       (token-minor, so a vector holds TW/2 tokens of one column), each
  *       thread dequantizes a block of its rows (a column chunk at a time)
@@ -31,7 +32,7 @@ enum {
     BLOCK_TILES = 8,             /* row tiles per block: the reuse of each token-group chunk */
     SERIAL_BYTES = 128 * 1024,   /* matrices smaller than this run on one thread */
     ROW_ALIGN = 16,              /* thread slices start on multiples of this many rows */
-    CHUNKS_PER_THREAD = 4,       /* GEMV work is claimed in this many pieces per thread */
+    GEMV_MIN_PIECE_BYTES = 128 * 1024, /* the shortest GEMV piece a thread claims */
 };
 
 void cpu_split(int64_t total, int64_t align, int ith, int nth, int64_t *lo, int64_t *hi)
@@ -53,8 +54,9 @@ typedef struct matmul_job {
     size_t row_bytes;
     int64_t block_rows; /* GEMM: rows per dequantized panel */
     int64_t col_chunk;  /* GEMM: columns per panel (a multiple of 256: whole blocks) */
-    int64_t chunks;     /* pieces of work, claimed in order through `next` */
+    int64_t chunks;     /* GEMM: row blocks, claimed in order through `next`; GEMV: the thread count */
     const q8x_block *xq; /* GEMV: x in int8 for the integer-domain kernel, or NULL */
+    int x16;             /* GEMV: Q8_0 against x in int16 (cb->x16q, cb->x16d) */
     _Atomic int64_t next;
 } matmul_job;
 
@@ -64,18 +66,46 @@ typedef struct matmul_job {
  * changes the row's arithmetic, so results stay identical. */
 static int64_t claim(matmul_job *j) { return atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed); }
 
+/* GEMV rows are claimed in shrinking pieces ("guided"): each claim takes
+ * 1/(2 nth) of the rows still unclaimed (whole ROW_ALIGN groups, at least
+ * GEMV_MIN_PIECE_BYTES of weights), so early pieces are long (few lane
+ * restarts) and the last ones short: the threads finish within a short
+ * piece of each other. With equal pieces (nth * 4 of them) one thread
+ * idled for half a piece on average at the end of every product, ~4-6 % of
+ * Q8_0 decode (spinning in the pool, perf; bench/RESULTS.md, 2026-11-30). */
+static int claim_rows(matmul_job *j, int64_t rows, int nth, int64_t min_rows, int64_t *lo, int64_t *hi)
+{
+    int64_t cur = atomic_load_explicit(&j->next, memory_order_relaxed);
+    for (;;) {
+        if (cur >= rows) return 0;
+        int64_t left = rows - cur, take = nth == 1 ? left : left / (2 * nth);
+        take = (take + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+        if (take < min_rows) take = min_rows;
+        if (take > left) take = left;
+        if (atomic_compare_exchange_weak_explicit(&j->next, &cur, cur + take, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *lo = cur;
+            *hi = cur + take;
+            return 1;
+        }
+    }
+}
+
 static void gemv_task(void *arg, int ith, int nth)
 {
     matmul_job *j = arg;
     const weight_ref *w = j->w;
     gemv_fn gemv = j->cb->k.gemv[w->dtype];
-    for (int64_t c; (c = claim(j)) < j->chunks;) {
-        int64_t lo, hi;
-        cpu_split(w->rows, ROW_ALIGN, (int)c, (int)j->chunks, &lo, &hi);
-        if (lo >= hi) continue;
+    int64_t min_rows = (int64_t)(GEMV_MIN_PIECE_BYTES / j->row_bytes) / ROW_ALIGN * ROW_ALIGN;
+    if (min_rows < ROW_ALIGN) min_rows = ROW_ALIGN;
+    for (int64_t lo, hi; claim_rows(j, w->rows, (int)j->chunks, min_rows, &lo, &hi);) {
         const uint8_t *base = (const uint8_t *)w->data + (size_t)lo * j->row_bytes;
         if (j->xq) {
             j->cb->k.x8.gemv[w->dtype](base, j->row_bytes, hi - lo, w->cols, j->xq, j->out + lo);
+            continue;
+        }
+        if (j->x16) {
+            j->cb->k.x8.gemv_q8_0_x16(base, j->row_bytes, hi - lo, w->cols, j->cb->x16q, j->cb->x16d, j->out + lo);
             continue;
         }
         for (int t0 = 0; t0 < j->n; t0 += GEMV_MAX_TOKENS) {
@@ -166,6 +196,18 @@ static int ensure_gemm_scratch(cpu_backend *cb, size_t packed_floats, size_t pan
     return 1;
 }
 
+/* Grow the int16 activation buffers to `values` values; 0 on allocation failure. */
+static int ensure_x16(cpu_backend *cb, size_t values)
+{
+    if (values <= cb->x16_cap) return 1;
+    free(cb->x16q);
+    free(cb->x16d);
+    cb->x16q = aligned_alloc(64, (values * sizeof(int16_t) + 63) & ~(size_t)63);
+    cb->x16d = aligned_alloc(64, (values / 32 * sizeof(float) + 63) & ~(size_t)63);
+    cb->x16_cap = cb->x16q && cb->x16d ? values : 0;
+    return cb->x16_cap != 0;
+}
+
 /* Grow the int8 activation buffer to `blocks` blocks; 0 on allocation failure. */
 static int ensure_xq(cpu_backend *cb, size_t blocks)
 {
@@ -199,12 +241,19 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
         }
         /* no memory for the GEMM scratch: the GEMV path needs none */
     }
-    j.chunks = nth == 1 ? 1 : (int64_t)nth * CHUNKS_PER_THREAD;
+    j.chunks = nth; /* GEMV: the threads sharing the rows (claim_rows) */
     /* One token of a K-quant: x is rounded to int8 once here (not per row)
      * and every row is a sum of integer dot products (kernels_x8.inc). */
     if (n == 1 && cb->k.x8.gemv[w->dtype] && w->cols % 256 == 0 && ensure_xq(cb, w->cols / 256)) {
         cb->k.x8.quant_x(w->dtype, x, w->cols, cb->xq);
         j.xq = cb->xq;
+    }
+    /* One token of Q8_0: x rounded to int16 per 32 values once here (more
+     * precise than the reference's bf16 activations; kernels.h). */
+    if (n == 1 && w->dtype == SPARK_DTYPE_Q8_0 && cb->k.x8.gemv_q8_0_x16 && w->cols % 32 == 0 &&
+        ensure_x16(cb, (size_t)w->cols)) {
+        cb->k.x8.quant_x16(x, w->cols, cb->x16q, cb->x16d);
+        j.x16 = 1;
     }
     pool_run(cb->pool, gemv_task, &j, nth);
 }
