@@ -39,9 +39,6 @@ using namespace spark_dev;
 namespace {
 
 constexpr int FG_THREADS = 256, FG_WARPS = FG_THREADS / WARP;
-#ifndef FG_BRANCHLESS
-#define FG_BRANCHLESS 1
-#endif
 
 /* byte k of w (0..255), minus `bias`, as a float, exactly: 2^23 + b as bits
  * (one byte permute), minus 2^23 + bias (no integer-to-float conversion) */
@@ -73,9 +70,7 @@ struct fmt_bf16 {
     };
     __device__ static unit load(const uint8_t *row, int i, int) { return {__ldcs((const uint4 *)row + i)}; }
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0)}; }
-    struct ctx {};
-    __device__ static ctx lane_ctx(int) { return {}; }
-    __device__ static float dot(const unit &u, const ctx &, const float4 *xs4, const float *, int i, int nvec, float acc)
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
     {
         const uint4 w = u.q;
         const float4 x0 = xs4[i], x1 = xs4[nvec + i];
@@ -104,9 +99,7 @@ struct fmt_q8_0 {
         return {__ldcs((const uint4 *)row + i), (uint32_t)__ldcs((const unsigned short *)(row + cols) + i / 2)};
     }
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0), 0}; }
-    struct ctx {};
-    __device__ static ctx lane_ctx(int) { return {}; }
-    __device__ static float dot(const unit &u, const ctx &, const float4 *xs4, const float *, int i, int nvec, float acc)
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
     {
         const uint32_t w[4] = {u.q.x ^ 0x80808080u, u.q.y ^ 0x80808080u, u.q.z ^ 0x80808080u,
                                u.q.w ^ 0x80808080u}; /* signed -> biased by 128 */
@@ -140,27 +133,22 @@ struct fmt_q4_k {
         return {__ldcs((const uint4 *)row + i), __ldcs((const uint4 *)(row + cols / 2) + i / 8)};
     }
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)}; }
-    /* Sub-block j's 6-bit scale and min (model/quant.c's packing of the 12
-     * scale bytes b): j < 4: b[j] & 63, b[j + 4] & 63; j >= 4: the low / high
-     * nibble of b[j + 4] with the top two bits of b[j - 4] / b[j]. A lane's
-     * units are i0 + 32 k, all with j = i0 % 8, so what j selects (a byte
-     * permute of b[0..7], a shift of b[8..11], masks) is set once a lane. */
-    struct ctx {
-        uint32_t sel, shw, mw, mlo, mtop;
-    };
-    __device__ static ctx lane_ctx(int i0)
+    /* (a lane's units all have the same j = i % 8: the compiler finds that;
+     * selecting by a per-lane table instead cost 32 registers, a second block
+     * an SM, bench/cuda_runs.md run 9) */
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *xsum, int i, int nvec, float acc)
     {
-        const uint32_t j = (uint32_t)i0 & 7u;
-        if (j < 4) return {j | (4 + j) << 4, 0, 0, 0x3fu, 0};
-        return {(j - 4) | j << 4, 8 * (j - 4), 0xffu, 0, 0x30u};
-    }
-    __device__ static float dot(const unit &u, const ctx &c, const float4 *xs4, const float *xsum, int i, int nvec,
-                                float acc)
-    {
-        const uint32_t P = __byte_perm(u.h.y, u.h.z, c.sel); /* byte 0: b[j] or b[j - 4]; byte 1: b[j + 4] or b[j] */
-        const uint32_t W = (u.h.w >> c.shw) & c.mw;          /* b[j + 4] for j >= 4, else 0 */
-        const float sc = (float)((P & c.mlo) | (W & 0x0fu) | ((P >> 2) & c.mtop));
-        const float mn = (float)(((P >> 8) & c.mlo) | (W >> 4) | ((P >> 10) & c.mtop));
+        /* sub-block j's 6-bit scale and min (model/quant.c's packing): for j < 4
+         * bytes j, j + 4; else the low / high nibbles of byte j + 4 with the
+         * top bits of bytes j - 4 / j. A = bytes 2c, 2c + 1 (c = j / 2), B =
+         * bytes 2c + 4, +5, Cw = bytes 2c - 4, -3 of the 12 scale bytes. */
+        const int j = i % 8, c = j / 2, sh = (c & 1) * 16, hb = (j & 1) * 8;
+        const uint32_t A = ((c < 2 ? u.h.y : u.h.z) >> sh) & 0xffffu;
+        const uint32_t B = ((c < 2 ? u.h.z : u.h.w) >> sh) & 0xffffu;
+        const uint32_t Cw = (u.h.y >> sh) & 0xffffu;
+        const uint32_t sc2 = c < 2 ? A & 0x3f3fu : (B & 0x0f0fu) | ((Cw >> 2) & 0x3030u);
+        const uint32_t mn2 = c < 2 ? B & 0x3f3fu : ((B >> 4) & 0x0f0fu) | ((A >> 2) & 0x3030u);
+        const float sc = (float)((sc2 >> hb) & 0xffu), mn = (float)((mn2 >> hb) & 0xffu);
         const float d = h2f((uint16_t)u.h.x), dmin = h2f((uint16_t)(u.h.x >> 16));
         const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
         float s0 = 0.0f, s1 = 0.0f; /* two chains: low and high nibbles */
@@ -264,25 +252,31 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
         if constexpr (DB) {
             if (gn < groups) load(gn, vn); /* in flight during the products below */
         }
-        /* two accumulators a row (even / odd units) halve the dependent FMA
-         * chain; a unit past the segment holds zero weights (F::none), so it
-         * is multiplied with unit 0's x instead of branched around (the
-         * branch cost ~10 instructions a unit, bench/cuda_runs.md run 9) */
-        float acc[NR], acc2[NR][2];
+        /* bf16: two accumulators a row (even / odd units) halve the dependent
+         * FMA chain, and a unit past the segment (zero weights, F::none) is
+         * multiplied with unit 0's x instead of branched around (~10
+         * instructions a unit; chain 2.050 -> 2.014 ms, bench/cuda_runs.md
+         * run 9). Not for quantized units: their dots have two chains of
+         * their own, and both changes cost the registers of a second block
+         * an SM there (Q8_0 gate/up 15.5 -> 18.7 us) */
+        constexpr int NACC = F::DTYPE == CU_BF16 ? 2 : 1;
+        constexpr bool BRANCHLESS = F::DTYPE == CU_BF16; /* quantized: the branch keeps two blocks an SM */
+        float acc[NR], acc2[NR][NACC];
 #pragma unroll
-        for (int q = 0; q < NR; q++) acc2[q][0] = acc2[q][1] = 0.0f;
-        const typename F::ctx cx = F::lane_ctx(s0 + lane);
+        for (int q = 0; q < NR; q++)
+#pragma unroll
+            for (int c = 0; c < NACC; c++) acc2[q][c] = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int i = s0 + lane + WARP * k;
-            const int ix = FG_BRANCHLESS ? (i < s1 ? i : 0) : i;
-            if (FG_BRANCHLESS || i < s1) {
+            const int ix = BRANCHLESS ? (i < s1 ? i : 0) : i;
+            if (BRANCHLESS || i < s1) {
 #pragma unroll
-                for (int q = 0; q < NR; q++) acc2[q][k & 1] = F::dot(v[q][k], cx, xs4, xsum, ix, nvec, acc2[q][k & 1]);
+                for (int q = 0; q < NR; q++) acc2[q][k % NACC] = F::dot(v[q][k], xs4, xsum, ix, nvec, acc2[q][k % NACC]);
             }
         }
 #pragma unroll
-        for (int q = 0; q < NR; q++) acc[q] = acc2[q][0] + acc2[q][1];
+        for (int q = 0; q < NR; q++) acc[q] = NACC == 2 ? acc2[q][0] + acc2[q][NACC - 1] : acc2[q][0];
         if constexpr (!DB) {
             if (gn < groups) load(gn, v); /* in flight during the reduction below */
         }
