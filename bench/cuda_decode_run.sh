@@ -19,7 +19,7 @@
 # CHECKS: the decode check's variants (decode_check.py's NAME:VAR=V,...).
 # XCHAINS: chain sets of bench/cuda_gemv_bench.cu run again under other
 # settings, "SET:VAR=V,...;..." (SET: fgemv, or attn1 for the one-launch
-# attention's), e.g. "attn1:SPARK_CUDA_ATTSTEP_PULL=1;fgemv:SPARK_CUDA_FG_DB=2".
+# attention's), e.g. "attn1:SPARK_CUDA_ATTSTEP=8;fgemv:SPARK_CUDA_FG_DB=0".
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/cuda-decode}
