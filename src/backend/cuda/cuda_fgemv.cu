@@ -425,7 +425,7 @@ fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair, bool db)
 
 /* Whether fgemv double-buffers its registers (the kernel's DB; default on,
  * SPARK_CUDA_FG_DB=0 off): bench/cuda_runs.md run 9, 4B bf16 GEMV chain
- * 2.240 -> 2.050 ms, Q4_K 1.717 -> 1.597 ms. fg_force can override it. */
+ * 2.240 -> 2.050 ms, Q4_K 1.717 -> 1.597 ms. cu_fgemv_force can override it. */
 int fg_force_db = -1, fg_force_ks = 0, fg_force_b = 0;
 
 bool fg_db()
