@@ -240,6 +240,31 @@ int main(int argc, char **argv)
                      &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     };
 
+    /* ms per replay of a graph of what build() launches on st (3 warm-up replays, then reps timed) */
+    auto graph_ms = [&](auto build) {
+        cudaGraph_t g;
+        cudaGraphExec_t ex;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        build();
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ex, g, 0));
+        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ex, st));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ex, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        cudaGraphExecDestroy(ex);
+        cudaGraphDestroy(g);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        return (double)ms / reps;
+    };
+
     /* SWEEP_FG=1: every launch shape of each matrix kind (split KS, blocks an
      * SM, double-buffered or not) as a chain of L layers of that kind alone;
      * prints the default's time and the six fastest. */
@@ -253,28 +278,10 @@ int main(int argc, char **argv)
         auto launch = [&](int k, int l) {
             return k == 0 ? fg_qkv(l, 1) : k == 1 ? fg_o(l, 1) : k == 2 ? fg_ff(l, 1) : fg_down(l, 1);
         };
-        auto time_kind = [&](int k) {
-            cudaGraph_t g;
-            cudaGraphExec_t ex;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-            for (int l = 0; l < L; l++) CK(launch(k, l));
-            CK(cudaStreamEndCapture(st, &g));
-            CK(cudaGraphInstantiate(&ex, g, 0));
-            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ex, st));
-            cudaEvent_t e0, e1;
-            CK(cudaEventCreate(&e0));
-            CK(cudaEventCreate(&e1));
-            CK(cudaEventRecord(e0, st));
-            for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ex, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            cudaGraphExecDestroy(ex);
-            cudaGraphDestroy(g);
-            cudaEventDestroy(e0);
-            cudaEventDestroy(e1);
-            return 1e3 * ms / reps / L;
+        auto time_kind = [&](int k) { /* us a layer */
+            return 1e3 / L * graph_ms([&] {
+                for (int l = 0; l < L; l++) CK(launch(k, l));
+            });
         };
         for (int k = 0; k < 4; k++) {
             cu_fgemv_force(0, 0, -1);
@@ -328,52 +335,36 @@ int main(int argc, char **argv)
         if (only && !strcmp(only, "attn1") && !(c.kind & 4096)) continue; /* the one-launch attention's chains */
         if ((c.kind & 4096) && !cluster) continue; /* no clusters on this device */
         if ((c.kind & 16) && dtype != CU_BF16) continue; /* cuBLAS: bf16 matrices only */
-        cudaGraph_t g;
-        cudaGraphExec_t ex;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         const int pdl = (c.kind & 32) ? 0 : 1;
         min_keys = (c.kind & 128) ? 0 : split_keys;
         what = (c.kind & 1024) ? 1 : (c.kind & 2048) ? 2 : 3;
         if (c.kind & 512) what |= 4;
         if (c.kind & 4096) what |= 8;
-        if (c.kind & 512) { /* the tables, once (the position does not change here) */
-            CK(cu_rope_table(st, tab, d_pos, 64, 5e6, 0));
-            CK(cu_rope_table(st, tab + 256, d_pos, 256, 1e4, 0));
-        }
-        for (int l = 0; l < L; l++) {
-            if (c.kind & 16) {
-                blas_mv(ly[l].qkv, QKV, H, xn, qkv);
-                blas_mv(ly[l].g, G, H, xn, gb);
-                blas_mv(ly[l].o, H, QD, att, proj);
-                blas_mv(ly[l].gate, FF, H, xn, fa);
-                blas_mv(ly[l].up, FF, H, xn, fb);
-                blas_mv(ly[l].down, H, FF, fa, proj);
-                continue;
+        const double ms = graph_ms([&] {
+            if (c.kind & 512) { /* the tables, once (the position does not change here) */
+                CK(cu_rope_table(st, tab, d_pos, 64, 5e6, 0));
+                CK(cu_rope_table(st, tab + 256, d_pos, 256, 1e4, 0));
             }
-            if (c.kind & 1) CK(fg_qkv(l, pdl));
-            if (c.kind & 64) attn_path(l, pdl);
-            if (c.kind & 2) CK(fg_o(l, pdl));
-            if (c.kind & 4) CK(fg_ff(l, pdl));
-            if (c.kind & 8) CK(fg_down(l, pdl));
-        }
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ex, g, 0));
-        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ex, st));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ex, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ms /= reps;
+            for (int l = 0; l < L; l++) {
+                if (c.kind & 16) {
+                    blas_mv(ly[l].qkv, QKV, H, xn, qkv);
+                    blas_mv(ly[l].g, G, H, xn, gb);
+                    blas_mv(ly[l].o, H, QD, att, proj);
+                    blas_mv(ly[l].gate, FF, H, xn, fa);
+                    blas_mv(ly[l].up, FF, H, xn, fb);
+                    blas_mv(ly[l].down, H, FF, fa, proj);
+                    continue;
+                }
+                if (c.kind & 1) CK(fg_qkv(l, pdl));
+                if (c.kind & 64) attn_path(l, pdl);
+                if (c.kind & 2) CK(fg_o(l, pdl));
+                if (c.kind & 4) CK(fg_ff(l, pdl));
+                if (c.kind & 8) CK(fg_down(l, pdl));
+            }
+        });
         const double bytes = c.bytes * L;
         printf("chain %-40s %2d layers: %7.3f ms/step, %6.1f us/layer, %.2f TB/s\n", c.name, L, ms,
                1e3 * ms / L, bytes / (ms * 1e-3) / 1e12);
-        cudaGraphExecDestroy(ex);
-        cudaGraphDestroy(g);
     }
     return 0;
 }
