@@ -42,6 +42,12 @@ constexpr int AS_CMAX = 16;  /* blocks a cluster, at most (16 is Hopper's non-po
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* (the kernel is empty on older targets) */
 constexpr int AS_KT = 4; /* keys a warp scores together (as attention_kernel) */
 
+/* Bytes [p, p + bytes) into L2 (bytes a multiple of 16), by the bulk-copy engine. */
+__device__ __forceinline__ void prefetch_l2(const char *p, uint32_t bytes)
+{
+    if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 /* cos, sin of rope pair t at position p: from the step's table when there
  * is one, else computed (the same double operations as the table). */
 __device__ __forceinline__ void step_cos_sin(const cu_attn_args &a, int64_t p, int t, int half, float *c, float *s)
@@ -100,8 +106,19 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     float k[AS_KT][E], v[AS_KT][E];
     if (!first_has_p) load(first, k, v);
     if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
+    if (a.l2_next_bytes > 0 && warp == AS_WARPS - 1) { /* this block's share of the next GEMV's weights, 4 KB a piece */
+        const int64_t piece = 4096, n = (a.l2_next_bytes + piece - 1) / piece;
+        for (int64_t k = (int64_t)blockIdx.x + (int64_t)gridDim.x * lane; k < n; k += (int64_t)gridDim.x * WARP) {
+            const int64_t len = a.l2_next_bytes - k * piece < piece ? a.l2_next_bytes - k * piece : piece;
+            prefetch_l2((const char *)a.l2_next + k * piece, (uint32_t)len & ~15u);
+        }
+    }
     pdl_wait();
     pdl_release();
+
+    /* the heads' gates now, so their global round trip is not the last thing this block waits for */
+    __shared__ float gsig[AS_G];
+    if (threadIdx.x < G) gsig[threadIdx.x] = a.gate ? 1.0f / (1.0f + expf(-a.gate[kh * G + threadIdx.x])) : 1.0f;
 
     /* this KV head's G query heads, roped: pairs (t, t + half) */
     __shared__ float qs[AS_G][E * WARP];
@@ -199,16 +216,17 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         rl[c][g] = cl.map_shared_rank(&fin_l[0], c)[g];
     }
     __syncthreads();
+    if (threadIdx.x < C * G) { /* one split's weight a thread (not C exps in a row on one) */
+        const int c = threadIdx.x / G, g = threadIdx.x % G;
+        float M = -INFINITY;
+        for (int k = 0; k < C; k++) M = fmaxf(M, rm[k][g]);
+        wgt[c][g] = rm[c][g] == -INFINITY ? 0.0f : expf(rm[c][g] - M); /* 0: an empty split */
+    }
+    __syncthreads();
     if (threadIdx.x < G) {
         const int g = threadIdx.x;
-        float M = -INFINITY;
-        for (int c = 0; c < C; c++) M = fmaxf(M, rm[c][g]);
         float L = 0.0f;
-        for (int c = 0; c < C; c++) {
-            const float f = rm[c][g] == -INFINITY ? 0.0f : expf(rm[c][g] - M); /* 0: an empty split */
-            wgt[c][g] = f;
-            L += rl[c][g] * f;
-        }
+        for (int c = 0; c < C; c++) L += rl[c][g] * wgt[c][g];
         tot[g] = L;
     }
     __syncthreads();
@@ -218,15 +236,21 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
     for (int i = rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
         const int g = i / D, d = i % D;
+        float part[AS_CMAX]; /* the partners' values, all requested before any is used */
+#pragma unroll
+        for (int c = 0; c < AS_CMAX; c++)
+            part[c] = c < C && wgt[c][g] != 0.0f ? cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] : 0.0f;
         float A = 0.0f;
-        for (int c = 0; c < C; c++)
-            if (wgt[c][g] != 0.0f) A += cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] * wgt[c][g];
-        float o = A / tot[g];
-        const int h = kh * G + g;
-        if (a.gate) o *= 1.0f / (1.0f + expf(-a.gate[h]));
-        a.out[(int64_t)h * D + d] = o;
+#pragma unroll
+        for (int c = 0; c < AS_CMAX; c++)
+            if (c < C && wgt[c][g] != 0.0f) A += part[c] * wgt[c][g];
+        a.out[(int64_t)(kh * G + g) * D + d] = A / tot[g] * gsig[g];
     }
-    cl.sync(); /* no block leaves while a partner may still read its shared memory */
+    /* no block leaves while a partner may still read its shared memory: an
+     * execution barrier only (every value read from a partner was used
+     * above); cl.sync()'s release would also fence this block's output
+     * stores, ~a global round trip */
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
 #endif
 }
 
