@@ -42,12 +42,6 @@ constexpr int AS_CMAX = 16;  /* blocks a cluster, at most (16 is Hopper's non-po
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* (the kernel is empty on older targets) */
 constexpr int AS_KT = 4; /* keys a warp scores together (as attention_kernel) */
 
-/* Bytes [p, p + bytes) into L2 (bytes a multiple of 16), by the bulk-copy engine. */
-__device__ __forceinline__ void prefetch_l2(const char *p, uint32_t bytes)
-{
-    if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 /* cos, sin of rope pair t at position p: from the step's table when there
  * is one, else computed (the same double operations as the table). */
 __device__ __forceinline__ void step_cos_sin(const cu_attn_args &a, int64_t p, int t, int half, float *c, float *s)
@@ -106,13 +100,6 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     float k[AS_KT][E], v[AS_KT][E];
     if (!first_has_p) load(first, k, v);
     if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
-    if (a.l2_next_bytes > 0 && warp == AS_WARPS - 1) { /* this block's share of the next GEMV's weights, 4 KB a piece */
-        const int64_t piece = 4096, n = (a.l2_next_bytes + piece - 1) / piece;
-        for (int64_t k = (int64_t)blockIdx.x + (int64_t)gridDim.x * lane; k < n; k += (int64_t)gridDim.x * WARP) {
-            const int64_t len = a.l2_next_bytes - k * piece < piece ? a.l2_next_bytes - k * piece : piece;
-            prefetch_l2((const char *)a.l2_next + k * piece, (uint32_t)len & ~15u);
-        }
-    }
     pdl_wait();
     pdl_release();
 

@@ -962,8 +962,6 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->split_keys = sk && atoi(sk) > 0 ? atoi(sk) : SPLIT_MIN_KEYS;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */
     cb->pdl_early = !(pe && !strcmp(pe, "0"));
-    const char *al = getenv("SPARK_CUDA_ATTSTEP_L2");
-    cb->att_l2_next = !(al && !strcmp(al, "0"));
     /* SPARK_CUDA_ATTSTEP=0: a decode step's attention as rope_kv + attention
      * + merge kernels; =N: clusters of N blocks (a power of two, <= 16) */
     const char *as = getenv("SPARK_CUDA_ATTSTEP"), *ak = getenv("SPARK_CUDA_ATTSTEP_KEYS");

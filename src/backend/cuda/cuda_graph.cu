@@ -110,21 +110,6 @@ void fold_hooks(cuda_backend *cb)
     cb->nfq = w;
 }
 
-/* A one-launch attention reads ~4 MB of cache at short context and is
- * latency-bound, so the DRAM idles during it: its blocks prefetch the
- * weights of the GEMV that reads its output (the out projection) into L2
- * before their dependency wait. */
-void l2_next(cuda_backend *cb)
-{
-    if (!cb->att_l2_next) return;
-    for (size_t i = 0; i + 1 < cb->nfq; i++) {
-        cmd *c = &cb->fq[i], *g = &cb->fq[i + 1];
-        if (c->op != OP_ATTN || !c->attn.step || g->op != OP_FGEMV || g->fg.x != c->attn.out) continue;
-        c->attn.l2_next = g->fg.w0;
-        c->attn.l2_next_bytes = g->fg.rows0 * g->fg.row_bytes;
-    }
-}
-
 /* The rope angles of a step depend on the position and the layer's class
  * only, so each class's cos / sin (double, as the kernels computed them)
  * come from one kernel at the step's start; the rope_kv commands read them.
@@ -289,7 +274,6 @@ void fuse(cuda_backend *cb)
     }
     fold_hooks(cb);
     rope_tables(cb);
-    l2_next(cb);
     cb->fused = (long)n - (long)cb->nfq;
 }
 

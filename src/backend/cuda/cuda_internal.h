@@ -87,8 +87,6 @@ typedef struct cu_attn_args {
     int rot_dims;      /* step: the rope of this layer class */
     double theta;
     const float *rope_tab; /* step: cos / sin at *pos (cu_rope_table); NULL: computed */
-    const void *l2_next;   /* step: bytes the next GEMV reads (its weights), prefetched into L2 by this */
-    int64_t l2_next_bytes; /* kernel's blocks before their wait (the DRAM is idle during it); 0: none */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
 

@@ -71,7 +71,6 @@ struct cuda_backend {
     float *ropetab;  /* ROPE_TABLES x 2 x CUDA_MAX_HEAD_DIM / 2: cos / sin per rope class (rope_tables) */
     int split_keys;  /* attention: a key split covers at least this many keys (SPARK_CUDA_SPLIT_KEYS) */
     int pdl_early;   /* attention releases its dependents before its wait (SPARK_CUDA_PDL_EARLY=0: not) */
-    int att_l2_next; /* the one-launch attention prefetches the out projection into L2 (SPARK_CUDA_ATTSTEP_L2=0: not) */
     int att_cluster; /* a decode step's attention in one launch, splits = this cluster size (cuda_attn_step.cu;
                       * 0: off, SPARK_CUDA_ATTSTEP=0) */
     int64_t att_step_keys; /* ... while a full layer's context is at most this (SPARK_CUDA_ATTSTEP_KEYS) */
