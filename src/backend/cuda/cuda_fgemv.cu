@@ -5,7 +5,8 @@
  * Decode at batch 1 is a stream over the weights: every row is read as
  * 16-byte units, each lane of a warp keeping all of its units' loads in
  * flight before it uses the first (the loads of the next row group are
- * issued before the current one is reduced), the grid sized to the SMs.
+ * issued before the current one's products, into a second register set),
+ * the grid sized to the SMs.
  * The formats differ only in what a unit holds and how it meets x:
  *
  *   bf16   8 values;
