@@ -311,52 +311,61 @@ static void test_gemv_x8_bound(void)
 
 static void test_gemv_x16(void)
 {
-    static const int64_t cols[] = {32, 96, 160, 544, 2560};
-    static const int64_t row_counts[] = {1, 3, 37};
+    static const spark_dtype dts[] = {SPARK_DTYPE_Q8_0, SPARK_DTYPE_Q4_K, SPARK_DTYPE_Q6_K};
+    static const int64_t cols_q8[] = {32, 96, 160, 544, 2560}, cols_k[] = {256, 768, 1280, 2560, 6912};
+    static const int64_t row_counts[] = {1, 3, 9, 37};
     x8_table tables[N_X8_TABLES];
     x8_tables(tables);
     uint64_t saved = rng; /* the later tests keep the data they had before this one */
     for (int ti = 0; ti < N_X8_TABLES; ti++) {
         if (!tables[ti].ok) continue;
-        x8_stats st = {0};
-        double e16 = 0, ebf = 0; /* sums of squared errors: this kernel, bf16 activations */
-        for (int ci = 0; ci < 5; ci++)
-            for (int ri = 0; ri < 3; ri++) {
-                int64_t rows = row_counts[ri], c = cols[ci];
-                size_t rb;
-                uint8_t *m = random_matrix(SPARK_DTYPE_Q8_0, rows, c, &rb);
-                float *wf = dequant_ref(SPARK_DTYPE_Q8_0, m, rows, c);
-                float *x = x8_activations(c);
-                int16_t *xq = malloc((size_t)c * sizeof *xq);
-                float *xd = malloc((size_t)(c / 32) * sizeof *xd), *y = malloc((size_t)rows * sizeof(float));
-                tables[ti].k->quant_x16(x, c, xq, xd);
-                tables[ti].k->gemv_q8_0_x16(m, rb, rows, c, xq, xd, y);
-                for (int64_t r = 0; r < rows; r++) {
-                    const float *w = wf + r * c;
-                    CHECK_MSG(xq_close(y[r], w, x, c, 32767.0, &st), "%s x16 gemv q8_0 rows %lld cols %lld: row %lld",
-                              tables[ti].name, (long long)rows, (long long)c, (long long)r);
-                    double s = 0, sb = 0;
-                    for (int64_t i = 0; i < c; i++) {
-                        s += (double)w[i] * x[i];
-                        sb += (double)w[i] * bf16_to_f32(f32_to_bf16(x[i]));
+        for (int di = 0; di < 3; di++) {
+            spark_dtype dt = dts[di];
+            const int64_t *cols = dt == SPARK_DTYPE_Q8_0 ? cols_q8 : cols_k;
+            CHECK_MSG(tables[ti].k->gemv_x16[dt] != NULL, "%s: no x16 gemv for %s", tables[ti].name, dtype_name(dt));
+            if (!tables[ti].k->gemv_x16[dt]) continue;
+            x8_stats st = {0};
+            double e16 = 0, ebf = 0; /* sums of squared errors: this kernel, bf16 activations */
+            for (int ci = 0; ci < 5; ci++)
+                for (int ri = 0; ri < 4; ri++) {
+                    int64_t rows = row_counts[ri], c = cols[ci];
+                    size_t rb;
+                    uint8_t *m = random_matrix(dt, rows, c, &rb);
+                    float *wf = dequant_ref(dt, m, rows, c);
+                    float *x = x8_activations(c);
+                    int16_t *xq = malloc((size_t)c * sizeof *xq);
+                    float *xd = malloc((size_t)(c / 32) * sizeof *xd), *xs = malloc((size_t)(c / 32) * sizeof *xs);
+                    float *y = malloc((size_t)rows * sizeof(float));
+                    tables[ti].k->quant_x16(x, c, xq, xd, xs);
+                    tables[ti].k->gemv_x16[dt](m, rb, rows, c, xq, xd, xs, y);
+                    for (int64_t r = 0; r < rows; r++) {
+                        const float *w = wf + r * c;
+                        CHECK_MSG(xq_close(y[r], w, x, c, 32767.0, &st), "%s x16 gemv %s rows %lld cols %lld: row %lld",
+                                  tables[ti].name, dtype_name(dt), (long long)rows, (long long)c, (long long)r);
+                        double s = 0, sb = 0;
+                        for (int64_t i = 0; i < c; i++) {
+                            s += (double)w[i] * x[i];
+                            sb += (double)w[i] * bf16_to_f32(f32_to_bf16(x[i]));
+                        }
+                        e16 += ((double)y[r] - s) * ((double)y[r] - s);
+                        ebf += (sb - s) * (sb - s);
                     }
-                    e16 += ((double)y[r] - s) * ((double)y[r] - s);
-                    ebf += (sb - s) * (sb - s);
+                    free(m);
+                    free(wf);
+                    free(x);
+                    free(xq);
+                    free(xd);
+                    free(xs);
+                    free(y);
                 }
-                free(m);
-                free(wf);
-                free(x);
-                free(xq);
-                free(xd);
-                free(y);
-            }
-        double rms, ratio = ebf > 0 ? sqrt(e16 / ebf) : 0;
-        CHECK_MSG(x8_rms_ok(&st, &rms), "%s x16 gemv q8_0: RMS error %.3g x its random-walk size", tables[ti].name,
-                  rms);
-        CHECK_MSG(ebf > 0 && ratio <= BF16_MARGIN, "%s x16 gemv q8_0: RMS error %.3g x that of bf16 activations",
-                  tables[ti].name, ratio);
-        printf("  %s x16 q8_0: worst error %.2f of the bound, RMS %.2f x the typical size, %.4f x bf16's (%ld rows)\n",
-               tables[ti].name, st.worst, rms, ratio, st.n);
+            double rms, ratio = ebf > 0 ? sqrt(e16 / ebf) : 0;
+            CHECK_MSG(x8_rms_ok(&st, &rms), "%s x16 gemv %s: RMS error %.3g x its random-walk size", tables[ti].name,
+                      dtype_name(dt), rms);
+            CHECK_MSG(ebf > 0 && ratio <= BF16_MARGIN, "%s x16 gemv %s: RMS error %.3g x that of bf16 activations",
+                      tables[ti].name, dtype_name(dt), ratio);
+            printf("  %s x16 %s: worst error %.2f of the bound, RMS %.2f x the typical size, %.4f x bf16's (%ld rows)\n",
+                   tables[ti].name, dtype_name(dt), st.worst, rms, ratio, st.n);
+        }
     }
     rng = saved;
 }
@@ -479,33 +488,40 @@ static void test_gemv_grouping_bit_exact(void)
             free(all);
             free(part);
         }
-        /* the int16-activation Q8_0 kernel */
-        const int64_t c = 544;
-        size_t rb;
-        uint8_t *m = random_matrix(SPARK_DTYPE_Q8_0, ROWS, c, &rb);
-        float *x = x8_activations(c), *xd = malloc((size_t)(c / 32) * sizeof(float));
-        int16_t *xq = malloc((size_t)c * sizeof *xq);
-        float *all = malloc(sizeof(float) * ROWS), *part = malloc(sizeof(float) * ROWS);
-        tables[ti].k->quant_x16(x, c, xq, xd);
-        tables[ti].k->gemv_q8_0_x16(m, rb, ROWS, c, xq, xd, all);
-        int bad = 0;
-        for (int64_t r = 0; r < ROWS; r++) {
-            tables[ti].k->gemv_q8_0_x16(m + (size_t)r * rb, rb, 1, c, xq, xd, part);
-            bad += memcmp(&part[0], &all[r], sizeof(float)) != 0;
+        /* the int16-activation kernels (Q8_0, Q4_K, Q6_K) */
+        static const spark_dtype x16_dts[] = {SPARK_DTYPE_Q8_0, SPARK_DTYPE_Q4_K, SPARK_DTYPE_Q6_K};
+        for (int di = 0; di < 3; di++) {
+            spark_dtype dt = x16_dts[di];
+            if (!tables[ti].k->gemv_x16[dt]) continue;
+            const int64_t c = dt == SPARK_DTYPE_Q8_0 ? 544 : 768;
+            size_t rb;
+            uint8_t *m = random_matrix(dt, ROWS, c, &rb);
+            float *x = x8_activations(c), *xd = malloc((size_t)(c / 32) * sizeof(float));
+            float *xs = malloc((size_t)(c / 32) * sizeof(float));
+            int16_t *xq = malloc((size_t)c * sizeof *xq);
+            float *all = malloc(sizeof(float) * ROWS), *part = malloc(sizeof(float) * ROWS);
+            tables[ti].k->quant_x16(x, c, xq, xd, xs);
+            tables[ti].k->gemv_x16[dt](m, rb, ROWS, c, xq, xd, xs, all);
+            int bad = 0;
+            for (int64_t r = 0; r < ROWS; r++) {
+                tables[ti].k->gemv_x16[dt](m + (size_t)r * rb, rb, 1, c, xq, xd, xs, part);
+                bad += memcmp(&part[0], &all[r], sizeof(float)) != 0;
+            }
+            for (int si = 0; si < 4; si++) {
+                int64_t s0 = starts[si], n = ROWS - s0;
+                tables[ti].k->gemv_x16[dt](m + (size_t)s0 * rb, rb, n, c, xq, xd, xs, part);
+                for (int64_t r = 0; r < n; r++) bad += memcmp(&part[r], &all[s0 + r], sizeof(float)) != 0;
+            }
+            CHECK_MSG(bad == 0, "%s x16 gemv %s cols %lld: %d outputs change with the rows' grouping", tables[ti].name,
+                      dtype_name(dt), (long long)c, bad);
+            free(m);
+            free(x);
+            free(xd);
+            free(xs);
+            free(xq);
+            free(all);
+            free(part);
         }
-        for (int si = 0; si < 4; si++) {
-            int64_t s0 = starts[si], n = ROWS - s0;
-            tables[ti].k->gemv_q8_0_x16(m + (size_t)s0 * rb, rb, n, c, xq, xd, part);
-            for (int64_t r = 0; r < n; r++) bad += memcmp(&part[r], &all[s0 + r], sizeof(float)) != 0;
-        }
-        CHECK_MSG(bad == 0, "%s x16 gemv q8_0 cols %lld: %d outputs change with the rows' grouping", tables[ti].name,
-                  (long long)c, bad);
-        free(m);
-        free(x);
-        free(xd);
-        free(xq);
-        free(all);
-        free(part);
     }
     rng = saved;
 }
@@ -693,11 +709,11 @@ static void test_matmul_paths_and_threads(void)
                     be->ops->matmul(be, y[th - 1], x, &w, n);
                     be->ops->destroy(be);
                 }
-                /* one token of a K-quant: the int8-activation kernels where the level has them */
+                /* one token of a K-quant: the int8-activation kernels (SPARK_KQUANT_X8=1 only) */
                 backend *probe = backend_at(all_isas[li], 1);
                 int x8 = n == 1 && cpu_of(probe)->k.x8.gemv[dt] != NULL;
-                /* one token of Q8_0: the int16-activation kernel */
-                int x16 = n == 1 && dt == SPARK_DTYPE_Q8_0 && cpu_of(probe)->k.x8.gemv_q8_0_x16 != NULL;
+                /* one token of Q8_0 / Q4_K / Q6_K: the int16-activation kernels (default) */
+                int x16 = n == 1 && cpu_of(probe)->k.x8.gemv_x16[dt] != NULL;
                 probe->ops->destroy(probe);
                 x8_stats st = {0};
                 for (int t = 0; t < n; t++)

@@ -62,6 +62,7 @@ static void cpu_destroy(backend *be)
     free(cb->xq);
     free(cb->x16q);
     free(cb->x16d);
+    free(cb->x16s);
     free(cb->amx_x);
     if (cb->panel)
         for (int i = 0; i < nth; i++) free(cb->panel[i]);
@@ -305,8 +306,20 @@ spark_status backend_cpu_create(int n_threads, backend **out)
     cb->base.ops = &cpu_ops;
     cb->base.n_threads = n_threads > 0 ? n_threads : cpu_physical_cores();
     if (!cpu_kernels_resolve(cpu_isa_active(), &cb->k)) cpu_kernels_resolve(CPU_ISA_SCALAR, &cb->k);
-    /* SPARK_INT8_DOT=0: K-quant and Q8_0 decode GEMVs on the exact float
-     * path too (the integer ones round x to int8 / int16; kernels_x8.inc) */
+    /* Single-token Q8_0 / Q4_K / Q6_K GEMVs: by default x is rounded to
+     * int16 per 32 values (kernels_x8.inc), more precise than the bf16
+     * activations the reference multiplies (SPEC section 2).
+     * SPARK_KQUANT_X8=1: Q4_K / Q6_K round x to int8 per 32 values instead
+     * (faster in cache, but BELOW SPEC section 2's precision: an opt-in
+     * for experiments only). SPARK_INT8_DOT=0: all three on the exact
+     * float path (wins over SPARK_KQUANT_X8). */
+    const char *kx8 = getenv("SPARK_KQUANT_X8");
+    if (kx8 && !strcmp(kx8, "1")) {
+        cb->k.x8.gemv_x16[SPARK_DTYPE_Q4_K] = NULL;
+        cb->k.x8.gemv_x16[SPARK_DTYPE_Q6_K] = NULL;
+    } else {
+        memset(cb->k.x8.gemv, 0, sizeof cb->k.x8.gemv);
+    }
     const char *i8 = getenv("SPARK_INT8_DOT");
     if (i8 && !strcmp(i8, "0")) memset(&cb->k.x8, 0, sizeof cb->k.x8);
     spark_status st = pool_create(cb->base.n_threads, &cb->pool);

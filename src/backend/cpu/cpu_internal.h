@@ -28,10 +28,11 @@ typedef struct cpu_backend {
     size_t packed_cap;   /* floats */
     float **panel;       /* per thread: dequantized weight rows */
     size_t panel_cap;    /* floats per thread */
-    q8x_block *xq;       /* the activation row in int8 (single-token K-quant GEMV) */
+    q8x_block *xq;       /* the activation row in int8 (single-token K-quant GEMV, SPARK_KQUANT_X8=1) */
     size_t xq_cap;       /* blocks */
-    int16_t *x16q;       /* the activation row in int16 (single-token Q8_0 GEMV) */
+    int16_t *x16q;       /* the activation row in int16 (single-token Q8_0 / Q4_K / Q6_K GEMV) */
     float *x16d;         /* its scales, one per 32 values */
+    float *x16s;         /* the sums of its rounded values, one per 32 (Q4_K's mins) */
     size_t x16_cap;      /* values */
     uint16_t *amx_x;     /* the activations' bf16 parts for the AMX prefill (amx.c) */
     size_t amx_x_cap;    /* values */

@@ -10,11 +10,14 @@
  *
  * Numerics: all products are float32 multiply-adds of the dequantized weight
  * and float32 activations (no activation quantization) — except the
- * single-token Q4_K / Q6_K GEMVs of the x86 levels (`x8`, kernels_x8.inc),
- * which round the activations to int8 per 32 values, and the single-token
- * Q8_0 GEMV there, which rounds them to int16 per 32 values (more precise
- * than the reference's bf16 activations; error bounds there;
- * SPARK_INT8_DOT=0 turns both off). Otherwise a SIMD result
+ * single-token Q8_0 / Q4_K / Q6_K GEMVs of the x86 levels (`x8`,
+ * kernels_x8.inc), which by default round the activations to int16 per 32
+ * values (more precise than the reference's bf16 activations, SPEC section
+ * 2; error bounds there). SPARK_KQUANT_X8=1 puts Q4_K / Q6_K on the older
+ * int8-activation kernels instead (int8 per 32 values: LESS precise than
+ * bf16, below what SPEC section 2 allows; kept only for comparison), and
+ * SPARK_INT8_DOT=0 turns all of them off (exact float path; cpu_backend.c).
+ * Otherwise a SIMD result
  * differs from the scalar one only by rounding: summation order, and in the
  * K-quant GEMVs a fused multiply-subtract forming scale*q - min (relative
  * error ~1e-7 per product, ~1e-6 for rows of thousands). dequant[] is
@@ -61,31 +64,38 @@ typedef struct q8x_block {
 typedef void (*gemv_x8_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t cols, const q8x_block *x,
                            float *y);
 
-/* y[r] = sum_c W[r, c] * x[c] for r < rows, W in Q8_0, from x in int16 per
- * 32 values: x[c] ~ xd[c / 32] * xq[c] (quant_x16). */
+/* y[r] = sum_c W[r, c] * x[c] for r < rows, W in Q8_0, Q4_K or Q6_K, from
+ * x in int16 per 32 values: x[c] ~ xd[c / 32] * xq[c], xs[j] = xd[j] * the
+ * sum of xq over values [32j, 32j + 32) (quant_x16; Q4_K's mins use it). */
 typedef void (*gemv_x16_fn)(const void *w, size_t row_bytes, int64_t rows, int64_t cols, const int16_t *xq,
-                            const float *xd, float *y);
+                            const float *xd, const float *xs, float *y);
 
 /* The integer-domain single-token GEMVs of one level (entries NULL where a
- * format or level has none: the float gemv is used). quant_x fills
- * cols / 256 blocks for weights of format dt (cols a multiple of 256).
+ * format or level has none: the float gemv is used).
  *
- * Q8_0 (gemv_q8_0_x16): x is rounded to int16, not int8, per 32 values:
- * xd[j] = max|x| / 32767 over values [32j, 32j + 32), xq = round(x / xd[j])
- * (cols a multiple of 32). Each element is then within xd/2 = max|x|/65534
- * of x, at least as close as its bf16 rounding (half an ulp, up to |x|/256)
- * for every element above max|x|/256 of its group, and the dot product's
- * error is 40-80x below the one bf16 activations give (what the reference
- * computes; SPEC section 2): RMS 1.2-2.3 % of it on spark-tiny's decode
- * activations, 2-3 % on test_kernels' random ones with outliers
+ * gemv_x16 (Q8_0, Q4_K, Q6_K; the default): x is rounded to int16 per 32
+ * values: xd[j] = max|x| / 32767 over values [32j, 32j + 32), xq =
+ * round(x / xd[j]) (cols a multiple of 32; 256 for the K-quants). Each
+ * element is then within xd/2 = max|x|/65534 of x, at least as close as its
+ * bf16 rounding (half an ulp, up to |x|/256) for every element above
+ * max|x|/256 of its group, and the dot product's error is 25-80x below the
+ * one bf16 activations give (what the reference computes; SPEC section 2):
+ * Q8_0 RMS 1.2-2.3 % of it on spark-tiny's decode activations (2026-11-30);
+ * Q8_0 / Q4_K / Q6_K 2-4.5 % on test_gemv_x16's random ones with outliers
  * (bench/RESULTS.md, 2026-11-30). The weight x activation products and
  * their sums are exact int32 (vpmaddwd), converted to float exactly
- * (|sum| < 2^24). */
+ * (|sum| < 2^24). Q4_K's min term uses xs (the rounded x's sums), so a
+ * row's result is the exact dot product of its dequantized weights with the
+ * rounded x, up to float32 rounding of the per-sub-block terms.
+ *
+ * gemv (Q4_K, Q6_K; only with SPARK_KQUANT_X8=1): quant_x fills cols / 256
+ * int8 blocks for weights of format dt (cols a multiple of 256): x rounded
+ * to int8 per 32 values, below SPEC section 2's precision. */
 typedef struct cpu_x8_kernels {
     void (*quant_x)(spark_dtype dt, const float *x, int64_t cols, q8x_block *out);
     gemv_x8_fn gemv[SPARK_DTYPE_COUNT];
-    void (*quant_x16)(const float *x, int64_t cols, int16_t *xq, float *xd);
-    gemv_x16_fn gemv_q8_0_x16;
+    void (*quant_x16)(const float *x, int64_t cols, int16_t *xq, float *xd, float *xs);
+    gemv_x16_fn gemv_x16[SPARK_DTYPE_COUNT];
 } cpu_x8_kernels;
 
 typedef struct cpu_kernels {
@@ -95,8 +105,9 @@ typedef struct cpu_kernels {
 
     gemv_fn gemv[SPARK_DTYPE_COUNT];
     dequant_fn dequant[SPARK_DTYPE_COUNT];
-    /* single-token K-quant GEMV with int8 activations: filled by
-     * cpu_kernels_resolve from the level and the CPU's VNNI support */
+    /* single-token Q8_0 / K-quant GEMVs with int16 (default) or int8
+     * (SPARK_KQUANT_X8=1) activations: filled by cpu_kernels_resolve from the
+     * level and the CPU's VNNI support; backend_cpu_create keeps one kind */
     cpu_x8_kernels x8;
 
     /* GEMM over a row panel: y[t*ys + r] (+)= sum_c w[r*ldw + c] * xp[c*TW + t] for

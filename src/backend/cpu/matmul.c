@@ -56,7 +56,7 @@ typedef struct matmul_job {
     int64_t col_chunk;  /* GEMM: columns per panel (a multiple of 256: whole blocks) */
     int64_t chunks;     /* GEMM: row blocks, claimed in order through `next`; GEMV: the thread count */
     const q8x_block *xq; /* GEMV: x in int8 for the integer-domain kernel, or NULL */
-    int x16;             /* GEMV: Q8_0 against x in int16 (cb->x16q, cb->x16d) */
+    int x16;             /* GEMV: Q8_0 / Q4_K / Q6_K against x in int16 (cb->x16q, x16d, x16s) */
     _Atomic int64_t next;
 } matmul_job;
 
@@ -105,7 +105,8 @@ static void gemv_task(void *arg, int ith, int nth)
             continue;
         }
         if (j->x16) {
-            j->cb->k.x8.gemv_q8_0_x16(base, j->row_bytes, hi - lo, w->cols, j->cb->x16q, j->cb->x16d, j->out + lo);
+            j->cb->k.x8.gemv_x16[w->dtype](base, j->row_bytes, hi - lo, w->cols, j->cb->x16q, j->cb->x16d,
+                                           j->cb->x16s, j->out + lo);
             continue;
         }
         for (int t0 = 0; t0 < j->n; t0 += GEMV_MAX_TOKENS) {
@@ -202,9 +203,11 @@ static int ensure_x16(cpu_backend *cb, size_t values)
     if (values <= cb->x16_cap) return 1;
     free(cb->x16q);
     free(cb->x16d);
+    free(cb->x16s);
     cb->x16q = aligned_alloc(64, (values * sizeof(int16_t) + 63) & ~(size_t)63);
     cb->x16d = aligned_alloc(64, (values / 32 * sizeof(float) + 63) & ~(size_t)63);
-    cb->x16_cap = cb->x16q && cb->x16d ? values : 0;
+    cb->x16s = aligned_alloc(64, (values / 32 * sizeof(float) + 63) & ~(size_t)63);
+    cb->x16_cap = cb->x16q && cb->x16d && cb->x16s ? values : 0;
     return cb->x16_cap != 0;
 }
 
@@ -242,18 +245,19 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
         /* no memory for the GEMM scratch: the GEMV path needs none */
     }
     j.chunks = nth; /* GEMV: the threads sharing the rows (claim_rows) */
-    /* One token of a K-quant: x is rounded to int8 once here (not per row)
-     * and every row is a sum of integer dot products (kernels_x8.inc). */
-    if (n == 1 && cb->k.x8.gemv[w->dtype] && w->cols % 256 == 0 && ensure_xq(cb, w->cols / 256)) {
+    /* One token of Q8_0, Q4_K or Q6_K: x rounded to int16 per 32 values once
+     * here, not per row (more precise than the reference's bf16
+     * activations; kernels.h), every row a sum of integer dot products
+     * (kernels_x8.inc). K-quant blocks need whole 256-value blocks. */
+    int blk = w->dtype == SPARK_DTYPE_Q8_0 ? 32 : 256;
+    if (n == 1 && cb->k.x8.gemv_x16[w->dtype] && w->cols % blk == 0 && ensure_x16(cb, (size_t)w->cols)) {
+        cb->k.x8.quant_x16(x, w->cols, cb->x16q, cb->x16d, cb->x16s);
+        j.x16 = 1;
+    } else if (n == 1 && cb->k.x8.gemv[w->dtype] && w->cols % 256 == 0 && ensure_xq(cb, w->cols / 256)) {
+        /* the int8-activation K-quant kernels (SPARK_KQUANT_X8=1 only: below
+         * SPEC section 2's precision; cpu_backend.c) */
         cb->k.x8.quant_x(w->dtype, x, w->cols, cb->xq);
         j.xq = cb->xq;
-    }
-    /* One token of Q8_0: x rounded to int16 per 32 values once here (more
-     * precise than the reference's bf16 activations; kernels.h). */
-    if (n == 1 && w->dtype == SPARK_DTYPE_Q8_0 && cb->k.x8.gemv_q8_0_x16 && w->cols % 32 == 0 &&
-        ensure_x16(cb, (size_t)w->cols)) {
-        cb->k.x8.quant_x16(x, w->cols, cb->x16q, cb->x16d);
-        j.x16 = 1;
     }
     pool_run(cb->pool, gemv_task, &j, nth);
 }
