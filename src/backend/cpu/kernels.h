@@ -78,7 +78,7 @@ typedef void (*gemv_x16_fn)(const void *w, size_t row_bytes, int64_t rows, int64
  * round(x / xd[j]) (cols a multiple of 32; 256 for the K-quants). Each
  * element is then within xd/2 = max|x|/65534 of x, at least as close as its
  * bf16 rounding (half an ulp, up to |x|/256) for every element above
- * max|x|/256 of its group, and the dot product's error is 25-80x below the
+ * max|x|/256 of its group, and the dot product's error is 24-80x below the
  * one bf16 activations give (what the reference computes; SPEC section 2):
  * Q8_0 RMS 1.2-2.3 % of it on spark-tiny's decode activations (2026-11-30);
  * Q8_0 / Q4_K / Q6_K 2-4.5 % on test_gemv_x16's random ones with outliers
