@@ -237,6 +237,7 @@ typedef struct x8_table {
     int ok;
 } x8_table;
 
+#if defined(__x86_64__)
 enum { N_X8_TABLES = 4 };
 
 static void x8_tables(x8_table tables[N_X8_TABLES])
@@ -248,6 +249,11 @@ static void x8_tables(x8_table tables[N_X8_TABLES])
     tables[3] = (x8_table){"avx512+vnni", &cpu_x8_avx512_vnni,
                            cpu_isa_supported(CPU_ISA_AVX512) && __builtin_cpu_supports("avx512vnni")};
 }
+#else /* no integer-activation tables off x86 (bench/neon_check.sh builds this file for aarch64) */
+enum { N_X8_TABLES = 1 };
+
+static void x8_tables(x8_table tables[N_X8_TABLES]) { tables[0] = (x8_table){"x86 integer tables", NULL, 0}; }
+#endif
 
 static void test_gemv_x8_bound(void)
 {
