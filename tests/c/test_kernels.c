@@ -422,6 +422,56 @@ static void test_gemv_all_dtypes(void)
  * call's row range. Every row of a 45-row call must equal, bit for bit, the same row
  * computed alone and inside calls over shifted sub-ranges (which regroup
  * it), for every level, dtype and token count, and for every int8 table. */
+/* A GEMV under test over rows [s0, s0 + n) of its matrix, into y (token t's
+ * outputs at y[t * n + r]). */
+typedef struct rows_gemv {
+    void (*run)(const struct rows_gemv *g, int64_t s0, int64_t n, float *y);
+    const cpu_kernels *k;
+    const cpu_x8_kernels *k8;
+    spark_dtype dt;
+    const uint8_t *m;
+    size_t rb;
+    int64_t c;
+    int nt;
+    const float *x, *xd, *xs;
+    const void *xq;
+} rows_gemv;
+
+static void run_float(const rows_gemv *g, int64_t s0, int64_t n, float *y)
+{
+    g->k->gemv[g->dt](g->m + (size_t)s0 * g->rb, g->rb, n, g->c, g->x, g->c, g->nt, y, n);
+}
+
+static void run_x8(const rows_gemv *g, int64_t s0, int64_t n, float *y)
+{
+    g->k8->gemv[g->dt](g->m + (size_t)s0 * g->rb, g->rb, n, g->c, (const q8x_block *)g->xq, y);
+}
+
+static void run_x16(const rows_gemv *g, int64_t s0, int64_t n, float *y)
+{
+    g->k8->gemv_x16[g->dt](g->m + (size_t)s0 * g->rb, g->rb, n, g->c, (const int16_t *)g->xq, g->xd, g->xs, y);
+}
+
+/* Outputs that differ, bit for bit, between one pass over all `rows` rows
+ * and passes over each single row and over the suffixes from starts[0..3]:
+ * a row's result must not depend on the rows it is computed with. */
+static int regroup_mismatches(const rows_gemv *g, int64_t rows, const int64_t starts[4], float *all, float *part)
+{
+    g->run(g, 0, rows, all);
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        g->run(g, r, 1, part);
+        for (int t = 0; t < g->nt; t++) bad += memcmp(&part[t], &all[t * rows + r], sizeof(float)) != 0;
+    }
+    for (int si = 0; si < 4; si++) {
+        int64_t s0 = starts[si], n = rows - s0;
+        g->run(g, s0, n, part);
+        for (int t = 0; t < g->nt; t++)
+            for (int64_t r = 0; r < n; r++) bad += memcmp(&part[t * n + r], &all[t * rows + s0 + r], sizeof(float)) != 0;
+    }
+    return bad;
+}
+
 static void test_gemv_grouping_bit_exact(void)
 {
     enum { ROWS = 45 };
@@ -440,18 +490,8 @@ static void test_gemv_grouping_bit_exact(void)
             float *x = random_floats(GEMV_MAX_TOKENS * c);
             float *all = malloc(sizeof(float) * GEMV_MAX_TOKENS * ROWS), *part = malloc(sizeof(float) * GEMV_MAX_TOKENS * ROWS);
             for (int nt = 1; nt <= GEMV_MAX_TOKENS; nt++) {
-                k.gemv[dt](m, rb, ROWS, c, x, c, nt, all, ROWS);
-                int bad = 0;
-                for (int64_t r = 0; r < ROWS; r++) {
-                    k.gemv[dt](m + (size_t)r * rb, rb, 1, c, x, c, nt, part, 1);
-                    for (int t = 0; t < nt; t++) bad += memcmp(&part[t], &all[t * ROWS + r], sizeof(float)) != 0;
-                }
-                for (int si = 0; si < 4; si++) {
-                    int64_t s0 = starts[si], n = ROWS - s0;
-                    k.gemv[dt](m + (size_t)s0 * rb, rb, n, c, x, c, nt, part, n);
-                    for (int t = 0; t < nt; t++)
-                        for (int64_t r = 0; r < n; r++) bad += memcmp(&part[t * n + r], &all[t * ROWS + s0 + r], sizeof(float)) != 0;
-                }
+                const rows_gemv g = {.run = run_float, .k = &k, .dt = dt, .m = m, .rb = rb, .c = c, .nt = nt, .x = x};
+                int bad = regroup_mismatches(&g, ROWS, starts, all, part);
                 CHECK_MSG(bad == 0, "%s gemv %s cols %lld nt %d: %d outputs change with the rows' grouping",
                           cpu_isa_name(all_isas[li]), dtype_name(dt), (long long)c, nt, bad);
             }
@@ -475,17 +515,8 @@ static void test_gemv_grouping_bit_exact(void)
             q8x_block *xq = malloc((size_t)(c / 256) * sizeof *xq);
             float *all = malloc(sizeof(float) * ROWS), *part = malloc(sizeof(float) * ROWS);
             tables[ti].k->quant_x(dt, x, c, xq);
-            tables[ti].k->gemv[dt](m, rb, ROWS, c, xq, all);
-            int bad = 0;
-            for (int64_t r = 0; r < ROWS; r++) {
-                tables[ti].k->gemv[dt](m + (size_t)r * rb, rb, 1, c, xq, part);
-                bad += memcmp(&part[0], &all[r], sizeof(float)) != 0;
-            }
-            for (int si = 0; si < 4; si++) {
-                int64_t s0 = starts[si], n = ROWS - s0;
-                tables[ti].k->gemv[dt](m + (size_t)s0 * rb, rb, n, c, xq, part);
-                for (int64_t r = 0; r < n; r++) bad += memcmp(&part[r], &all[s0 + r], sizeof(float)) != 0;
-            }
+            const rows_gemv g = {.run = run_x8, .k8 = tables[ti].k, .dt = dt, .m = m, .rb = rb, .c = c, .nt = 1, .xq = xq};
+            int bad = regroup_mismatches(&g, ROWS, starts, all, part);
             CHECK_MSG(bad == 0, "%s x8 gemv %s cols %lld: %d outputs change with the rows' grouping", tables[ti].name,
                       dtype_name(dt), (long long)c, bad);
             free(m);
@@ -507,17 +538,9 @@ static void test_gemv_grouping_bit_exact(void)
             int16_t *xq = malloc((size_t)c * sizeof *xq);
             float *all = malloc(sizeof(float) * ROWS), *part = malloc(sizeof(float) * ROWS);
             tables[ti].k->quant_x16(x, c, xq, xd, xs);
-            tables[ti].k->gemv_x16[dt](m, rb, ROWS, c, xq, xd, xs, all);
-            int bad = 0;
-            for (int64_t r = 0; r < ROWS; r++) {
-                tables[ti].k->gemv_x16[dt](m + (size_t)r * rb, rb, 1, c, xq, xd, xs, part);
-                bad += memcmp(&part[0], &all[r], sizeof(float)) != 0;
-            }
-            for (int si = 0; si < 4; si++) {
-                int64_t s0 = starts[si], n = ROWS - s0;
-                tables[ti].k->gemv_x16[dt](m + (size_t)s0 * rb, rb, n, c, xq, xd, xs, part);
-                for (int64_t r = 0; r < n; r++) bad += memcmp(&part[r], &all[s0 + r], sizeof(float)) != 0;
-            }
+            const rows_gemv g = {.run = run_x16, .k8 = tables[ti].k, .dt = dt, .m = m, .rb = rb, .c = c, .nt = 1,
+                                 .xd = xd, .xs = xs, .xq = xq};
+            int bad = regroup_mismatches(&g, ROWS, starts, all, part);
             CHECK_MSG(bad == 0, "%s x16 gemv %s cols %lld: %d outputs change with the rows' grouping", tables[ti].name,
                       dtype_name(dt), (long long)c, bad);
             free(m);
