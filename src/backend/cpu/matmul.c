@@ -6,9 +6,9 @@
  *   few tokens (decode):  GEMV. Each thread streams its own contiguous slice
  *       of W's rows once; up to GEMV_MAX_TOKENS tokens share every weight
  *       load. Memory-bound: the aim is the bandwidth floor. One token of a
- *       Q4_K / Q6_K matrix takes the int8-activation kernels where the
- *       level has them (cpu_kernels.x8), one token of Q8_0 the
- *       int16-activation kernel.
+ *       Q8_0 / Q4_K / Q6_K matrix takes the int16-activation kernels where
+ *       the level has them (cpu_kernels.x8; the K-quants' int8 ones with
+ *       SPARK_KQUANT_X8=1).
  *   many tokens (prefill): GEMM. Tokens are packed into groups of TW
  *       (token-minor, so a vector holds TW/2 tokens of one column), each
  *       thread dequantizes a block of its rows (a column chunk at a time)
@@ -54,7 +54,7 @@ typedef struct matmul_job {
     size_t row_bytes;
     int64_t block_rows; /* GEMM: rows per dequantized panel */
     int64_t col_chunk;  /* GEMM: columns per panel (a multiple of 256: whole blocks) */
-    int64_t chunks;     /* GEMM: row blocks, claimed in order through `next`; GEMV: the thread count */
+    int64_t chunks;     /* GEMM: row blocks, claimed in order through `next` */
     const q8x_block *xq; /* GEMV: x in int8 for the integer-domain kernel, or NULL */
     int x16;             /* GEMV: Q8_0 / Q4_K / Q6_K against x in int16 (cb->x16q, x16d, x16s) */
     _Atomic int64_t next;
@@ -98,7 +98,7 @@ static void gemv_task(void *arg, int ith, int nth)
     gemv_fn gemv = j->cb->k.gemv[w->dtype];
     int64_t min_rows = (int64_t)(GEMV_MIN_PIECE_BYTES / j->row_bytes) / ROW_ALIGN * ROW_ALIGN;
     if (min_rows < ROW_ALIGN) min_rows = ROW_ALIGN;
-    for (int64_t lo, hi; claim_rows(j, w->rows, (int)j->chunks, min_rows, &lo, &hi);) {
+    for (int64_t lo, hi; claim_rows(j, w->rows, nth, min_rows, &lo, &hi);) {
         const uint8_t *base = (const uint8_t *)w->data + (size_t)lo * j->row_bytes;
         if (j->xq) {
             j->cb->k.x8.gemv[w->dtype](base, j->row_bytes, hi - lo, w->cols, j->xq, j->out + lo);
@@ -244,7 +244,6 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight_ref *w, in
         }
         /* no memory for the GEMM scratch: the GEMV path needs none */
     }
-    j.chunks = nth; /* GEMV: the threads sharing the rows (claim_rows) */
     /* One token of Q8_0, Q4_K or Q6_K: x rounded to int16 per 32 values once
      * here, not per row (more precise than the reference's bf16
      * activations; kernels.h), every row a sum of integer dot products
