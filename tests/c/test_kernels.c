@@ -555,6 +555,97 @@ static void test_gemv_grouping_bit_exact(void)
     rng = saved;
 }
 
+static void run_x16_2l(const rows_gemv *g, int64_t s0, int64_t n, float *y)
+{
+    g->k8->gemv_x16_2l[g->dt](g->m + (size_t)s0 * g->rb, g->rb, n, g->c, (const int16_t *)g->xq, g->xd, g->xs, y);
+}
+
+/* The int16 GEMVs' 2-lane layout (gemv_x16_2l, the default on AMD) gives
+ * the same bits as gemv_x16 for every row (NaN-filled outputs: a row it
+ * skips fails too) and regroups exactly; a backend made with
+ * SPARK_GEMV_LANES=2 / 8 takes that layout / gemv_x16, with identical
+ * matmul results. */
+static void test_gemv_x16_lane_layouts(void)
+{
+    static const int64_t row_counts[] = {1, 2, 3, 17, 301}, cols[] = {32, 544, 2560};
+    static const int64_t starts[] = {1, 6, 13, 29};
+    x8_table tables[N_X8_TABLES];
+    x8_tables(tables);
+    uint64_t saved = rng; /* the later tests keep the data they had before this one */
+    int checked = 0;
+    for (int ti = 0; ti < N_X8_TABLES; ti++) {
+        if (!tables[ti].ok) continue;
+        for (int dt = 0; dt < SPARK_DTYPE_COUNT; dt++) {
+            if (!tables[ti].k->gemv_x16_2l[dt]) continue;
+            CHECK_MSG(tables[ti].k->gemv_x16[dt] != NULL, "%s: 2-lane %s without gemv_x16", tables[ti].name,
+                      dtype_name((spark_dtype)dt));
+            for (int ci = 0; ci < 3; ci++)
+                for (int ri = 0; ri < 5; ri++) {
+                    int64_t rows = row_counts[ri], c = cols[ci];
+                    size_t rb;
+                    uint8_t *m = random_matrix((spark_dtype)dt, rows, c, &rb);
+                    float *x = x8_activations(c), *xd = malloc((size_t)(c / 32) * sizeof(float));
+                    float *xs = malloc((size_t)(c / 32) * sizeof(float));
+                    int16_t *xq = malloc((size_t)c * sizeof *xq);
+                    float *a = malloc((size_t)rows * sizeof(float)), *b = malloc((size_t)rows * sizeof(float));
+                    for (int64_t r = 0; r < rows; r++) a[r] = b[r] = NAN;
+                    tables[ti].k->quant_x16(x, c, xq, xd, xs);
+                    tables[ti].k->gemv_x16[dt](m, rb, rows, c, xq, xd, xs, a);
+                    tables[ti].k->gemv_x16_2l[dt](m, rb, rows, c, xq, xd, xs, b);
+                    int bad = 0;
+                    for (int64_t r = 0; r < rows; r++) bad += isnan(b[r]) || memcmp(&a[r], &b[r], sizeof(float)) != 0;
+                    CHECK_MSG(bad == 0, "%s 2-lane x16 gemv %s rows %lld cols %lld: %d rows differ from gemv_x16",
+                              tables[ti].name, dtype_name((spark_dtype)dt), (long long)rows, (long long)c, bad);
+                    if (rows == 301) {
+                        const rows_gemv g = {.run = run_x16_2l, .k8 = tables[ti].k, .dt = (spark_dtype)dt, .m = m,
+                                             .rb = rb, .c = c, .nt = 1, .xd = xd, .xs = xs, .xq = xq};
+                        bad = regroup_mismatches(&g, 45, starts, a, b);
+                        CHECK_MSG(bad == 0, "%s 2-lane x16 gemv %s cols %lld: %d outputs change with the grouping",
+                                  tables[ti].name, dtype_name((spark_dtype)dt), (long long)c, bad);
+                    }
+                    checked++;
+                    free(m);
+                    free(x);
+                    free(xd);
+                    free(xs);
+                    free(xq);
+                    free(a);
+                    free(b);
+                }
+        }
+    }
+    /* the backend's choice, and its matmul through either layout */
+    cpu_kernels ref;
+    if (cpu_kernels_resolve(cpu_isa_active(), &ref) && ref.x8.gemv_x16_2l[SPARK_DTYPE_Q8_0] &&
+        !getenv("SPARK_INT8_DOT")) {
+        int64_t rows = 301, cols = 2560;
+        size_t rb;
+        uint8_t *m = random_matrix(SPARK_DTYPE_Q8_0, rows, cols, &rb);
+        weight_ref w = {.name = "w", .dtype = SPARK_DTYPE_Q8_0, .rows = rows, .cols = cols, .data = m};
+        float *x = x8_activations(cols), *y[2];
+        for (int k = 0; k < 2; k++) {
+            setenv("SPARK_GEMV_LANES", k ? "2" : "8", 1);
+            backend *be = NULL;
+            CHECK(backend_cpu_create(2, &be) == SPARK_OK);
+            unsetenv("SPARK_GEMV_LANES");
+            const cpu_x8_kernels *t = &cpu_of(be)->k.x8;
+            gemv_x16_fn want = k ? ref.x8.gemv_x16_2l[SPARK_DTYPE_Q8_0] : ref.x8.gemv_x16[SPARK_DTYPE_Q8_0];
+            CHECK_MSG(want != NULL && t->gemv_x16[SPARK_DTYPE_Q8_0] == want,
+                      "SPARK_GEMV_LANES=%s: the backend's Q8_0 int16 GEMV is not that layout", k ? "2" : "8");
+            y[k] = malloc((size_t)rows * sizeof(float));
+            be->ops->matmul(be, y[k], x, &w, 1);
+            be->ops->destroy(be);
+        }
+        CHECK_MSG(!memcmp(y[0], y[1], (size_t)rows * sizeof(float)), "Q8_0 matmul: 2 and 8 lanes differ");
+        free(m);
+        free(x);
+        free(y[0]);
+        free(y[1]);
+    }
+    printf("  2-lane layouts: %d matrices bit-identical to gemv_x16\n", checked);
+    rng = saved;
+}
+
 static void test_gemm_tile(void)
 {
     for (int li = 0; li < N_ISAS; li++) {
@@ -1033,6 +1124,7 @@ int main(void)
     RUN(test_gemv_x8_bound);
     RUN(test_gemv_x16);
     RUN(test_gemv_grouping_bit_exact);
+    RUN(test_gemv_x16_lane_layouts);
     RUN(test_gemm_tile);
     RUN(test_vector_helpers);
     RUN(test_gelu_against_erf);

@@ -109,3 +109,13 @@ const char *cpu_feature_string(void)
     return "";
 #endif
 }
+
+int cpu_is_amd(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd");
+#else
+    return 0;
+#endif
+}

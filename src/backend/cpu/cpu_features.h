@@ -33,6 +33,9 @@ const char *cpu_isa_name(cpu_isa isa);
 /* Physical cores of the online CPUs (hyper-threads counted once), >= 1. */
 int cpu_physical_cores(void);
 
+/* An AMD x86 CPU (the single-token GEMVs' lane layout depends on it: cpu_backend.c). */
+int cpu_is_amd(void);
+
 /* Extra instructions present beyond the level (for reports): "avx512_vnni avx512_bf16 ...". */
 const char *cpu_feature_string(void);
 

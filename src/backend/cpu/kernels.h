@@ -96,6 +96,11 @@ typedef struct cpu_x8_kernels {
     gemv_x8_fn gemv[SPARK_DTYPE_COUNT];
     void (*quant_x16)(const float *x, int64_t cols, int16_t *xq, float *xd, float *xs);
     gemv_x16_fn gemv_x16[SPARK_DTYPE_COUNT];
+    /* gemv_x16's products with each call's rows read as 2 long lanes
+     * prefetched 4 KB ahead instead of 8 (Q8_0) at 1 KB: fewer concurrent
+     * memory streams, bit-identical results. NULL where a format has no
+     * such form; backend_cpu_create picks one layout (SPARK_GEMV_LANES). */
+    gemv_x16_fn gemv_x16_2l[SPARK_DTYPE_COUNT];
 } cpu_x8_kernels;
 
 typedef struct cpu_kernels {
