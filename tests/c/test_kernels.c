@@ -555,17 +555,22 @@ static void test_gemv_grouping_bit_exact(void)
     rng = saved;
 }
 
+static void run_float_2l(const rows_gemv *g, int64_t s0, int64_t n, float *y)
+{
+    g->k->gemv_2l[g->dt](g->m + (size_t)s0 * g->rb, g->rb, n, g->c, g->x, g->c, g->nt, y, n);
+}
+
 static void run_x16_2l(const rows_gemv *g, int64_t s0, int64_t n, float *y)
 {
     g->k8->gemv_x16_2l[g->dt](g->m + (size_t)s0 * g->rb, g->rb, n, g->c, (const int16_t *)g->xq, g->xd, g->xs, y);
 }
 
-/* The int16 GEMVs' 2-lane layout (gemv_x16_2l, the default on AMD) gives
- * the same bits as gemv_x16 for every row (NaN-filled outputs: a row it
+/* The 2-lane layouts (x8.gemv_x16_2l and gemv_2l, the default on AMD) give
+ * the same bits as gemv_x16 / gemv for every row (NaN-filled outputs: a row it
  * skips fails too) and regroups exactly; a backend made with
  * SPARK_GEMV_LANES=2 / 8 takes that layout / gemv_x16, with identical
  * matmul results. */
-static void test_gemv_x16_lane_layouts(void)
+static void test_gemv_lane_layouts(void)
 {
     static const int64_t row_counts[] = {1, 2, 3, 17, 301}, cols[] = {32, 544, 2560};
     static const int64_t starts[] = {1, 6, 13, 29};
@@ -614,6 +619,41 @@ static void test_gemv_x16_lane_layouts(void)
                 }
         }
     }
+    /* the float GEMVs' 2-lane layout (f32 / f16 / bf16), every token count */
+    for (int li = 0; li < N_ISAS; li++) {
+        cpu_kernels k;
+        if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
+        for (int dt = 0; dt < SPARK_DTYPE_COUNT; dt++) {
+            if (!k.gemv_2l[dt]) continue;
+            for (int ri = 0; ri < 5; ri++)
+                for (int nt = 1; nt <= GEMV_MAX_TOKENS; nt++) {
+                    int64_t rows = row_counts[ri], c = 2560 + 17 * (dt == SPARK_DTYPE_F32); /* and a vector tail */
+                    size_t rb;
+                    uint8_t *m = random_matrix((spark_dtype)dt, rows, c, &rb);
+                    float *x = random_floats(GEMV_MAX_TOKENS * c);
+                    float *a = malloc((size_t)(rows * nt) * sizeof(float)), *b = malloc((size_t)(rows * nt) * sizeof(float));
+                    for (int64_t r = 0; r < rows * nt; r++) a[r] = b[r] = NAN;
+                    k.gemv[dt](m, rb, rows, c, x, c, nt, a, rows);
+                    k.gemv_2l[dt](m, rb, rows, c, x, c, nt, b, rows);
+                    int bad = 0;
+                    for (int64_t r = 0; r < rows * nt; r++) bad += isnan(b[r]) || memcmp(&a[r], &b[r], sizeof(float)) != 0;
+                    CHECK_MSG(bad == 0, "%s 2-lane gemv %s rows %lld nt %d: %d outputs differ from gemv",
+                              cpu_isa_name(all_isas[li]), dtype_name((spark_dtype)dt), (long long)rows, nt, bad);
+                    if (rows == 301 && nt == 1) {
+                        const rows_gemv g = {.run = run_float_2l, .k = &k, .dt = (spark_dtype)dt, .m = m, .rb = rb,
+                                             .c = c, .nt = 1, .x = x};
+                        bad = regroup_mismatches(&g, 45, starts, a, b);
+                        CHECK_MSG(bad == 0, "%s 2-lane gemv %s: %d outputs change with the grouping",
+                                  cpu_isa_name(all_isas[li]), dtype_name((spark_dtype)dt), bad);
+                    }
+                    checked++;
+                    free(m);
+                    free(x);
+                    free(a);
+                    free(b);
+                }
+        }
+    }
     /* the backend's choice, and its matmul through either layout */
     cpu_kernels ref;
     if (cpu_kernels_resolve(cpu_isa_active(), &ref) && ref.x8.gemv_x16_2l[SPARK_DTYPE_Q8_0] &&
@@ -632,6 +672,9 @@ static void test_gemv_x16_lane_layouts(void)
             gemv_x16_fn want = k ? ref.x8.gemv_x16_2l[SPARK_DTYPE_Q8_0] : ref.x8.gemv_x16[SPARK_DTYPE_Q8_0];
             CHECK_MSG(want != NULL && t->gemv_x16[SPARK_DTYPE_Q8_0] == want,
                       "SPARK_GEMV_LANES=%s: the backend's Q8_0 int16 GEMV is not that layout", k ? "2" : "8");
+            gemv_fn want_bf = k ? ref.gemv_2l[SPARK_DTYPE_BF16] : ref.gemv[SPARK_DTYPE_BF16];
+            CHECK_MSG(want_bf != NULL && cpu_of(be)->k.gemv[SPARK_DTYPE_BF16] == want_bf,
+                      "SPARK_GEMV_LANES=%s: the backend's bf16 GEMV is not that layout", k ? "2" : "8");
             y[k] = malloc((size_t)rows * sizeof(float));
             be->ops->matmul(be, y[k], x, &w, 1);
             be->ops->destroy(be);
@@ -642,7 +685,7 @@ static void test_gemv_x16_lane_layouts(void)
         free(y[0]);
         free(y[1]);
     }
-    printf("  2-lane layouts: %d matrices bit-identical to gemv_x16\n", checked);
+    printf("  2-lane layouts: %d products bit-identical to gemv_x16 / gemv\n", checked);
     rng = saved;
 }
 
@@ -1124,7 +1167,7 @@ int main(void)
     RUN(test_gemv_x8_bound);
     RUN(test_gemv_x16);
     RUN(test_gemv_grouping_bit_exact);
-    RUN(test_gemv_x16_lane_layouts);
+    RUN(test_gemv_lane_layouts);
     RUN(test_gemm_tile);
     RUN(test_vector_helpers);
     RUN(test_gelu_against_erf);

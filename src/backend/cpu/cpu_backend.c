@@ -322,7 +322,8 @@ spark_status backend_cpu_create(int n_threads, backend **out)
     }
     const char *i8 = getenv("SPARK_INT8_DOT");
     if (i8 && !strcmp(i8, "0")) memset(&cb->k.x8, 0, sizeof cb->k.x8);
-    /* Lane layout of the int16 GEMVs that have two (Q8_0): 2 long lanes a
+    /* Lane layout of the single-token GEMVs that have two (the int16 Q8_0
+     * one, the float f32 / f16 / bf16 ones): 2 long lanes a
      * tile prefetched 4 KB ahead on AMD, where the 4B decode's products
      * streamed ~1.3-1.6x faster so on the Zen 5 VM; 8 lanes at 1 KB
      * elsewhere, measured ahead of 2 on the Intel VM (bench/RESULTS.md,
@@ -330,8 +331,10 @@ spark_status backend_cpu_create(int n_threads, backend **out)
      * results are the same bits either way. */
     const char *lanes = getenv("SPARK_GEMV_LANES");
     int two_lanes = lanes && (!strcmp(lanes, "2") || !strcmp(lanes, "8")) ? !strcmp(lanes, "2") : cpu_is_amd();
-    for (int d = 0; d < SPARK_DTYPE_COUNT && two_lanes; d++)
+    for (int d = 0; d < SPARK_DTYPE_COUNT && two_lanes; d++) {
         if (cb->k.x8.gemv_x16[d] && cb->k.x8.gemv_x16_2l[d]) cb->k.x8.gemv_x16[d] = cb->k.x8.gemv_x16_2l[d];
+        if (cb->k.gemv_2l[d]) cb->k.gemv[d] = cb->k.gemv_2l[d];
+    }
     spark_status st = pool_create(cb->base.n_threads, &cb->pool);
     if (st == SPARK_OK) {
         cb->panel = spark_calloc((size_t)cb->base.n_threads, sizeof *cb->panel, "GEMM panels");

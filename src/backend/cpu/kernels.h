@@ -109,6 +109,12 @@ typedef struct cpu_kernels {
     int gemm_rows;   /* TR: weight rows per GEMM micro-tile */
 
     gemv_fn gemv[SPARK_DTYPE_COUNT];
+    /* gemv's products with one token's rows read as 2 long lanes
+     * prefetched 4 KB ahead instead of 8 at 1 KB (f32 / f16 / bf16; more
+     * tokens as gemv): bit-identical results, fewer memory streams. NULL
+     * where a format or level has none; backend_cpu_create picks one
+     * layout (SPARK_GEMV_LANES), as for x8.gemv_x16_2l. */
+    gemv_fn gemv_2l[SPARK_DTYPE_COUNT];
     dequant_fn dequant[SPARK_DTYPE_COUNT];
     /* single-token Q8_0 / K-quant GEMVs with int16 (default) or int8
      * (SPARK_KQUANT_X8=1) activations: filled by cpu_kernels_resolve from the
