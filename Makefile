@@ -51,11 +51,12 @@ RUN_FLAGS     ?= -n 96 --seed 7
 .SECONDARY:
 all: sysdeps $(BUILD)/spark $(TEST_BIN) $(EXAMPLES)
 
-$(BUILD)/obj/%.o: %.c
+# (sysdeps first even under make -j: the headers it installs are included here)
+$(BUILD)/obj/%.o: %.c | sysdeps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu
+$(BUILD)/obj/%.o: %.cu | sysdeps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -Iinclude -Isrc -MMD -MP -c $< -o $@
 

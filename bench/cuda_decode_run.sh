@@ -87,7 +87,7 @@ if [ "$MODE" = full ]; then
     for cfg in "${CONFIGS[@]:0:2}"; do
         label=${cfg%%:*}
         vars=${cfg#*:}
-        line=$(env $(echo "$vars" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" /tmp/m4b --ctx 32768 --prefill 32512 --decode 128 2>&1 |
+        line=$(env $(echo "$vars" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" /tmp/m4b --ctx 32800 --prefill 32512 --decode 128 2>&1 |
             tee -a "$OUT/bench.log" | grep -E "^(decode|prefill)|rror" | tr '\n' ' ')
         note "ctx 32k $label [$vars]: $line"
     done

@@ -43,3 +43,50 @@ def require_gpu(tmp_path_factory):
             pytest.fail(f"spark logits --gpu failed for a reason other than a missing device: {reason}")
         pytest.skip(reason)
     return True
+
+
+def round_x16(x):
+    """x rounded to int16 per 32 values in float32, as the single-token
+    quantized products do (the CPU's x8_quant_x16, the GPU's load_x16):
+    d = max|x| / 32767, q = rint(x * (32767 / max|x|)); returns d * q."""
+    import numpy as np
+    g = np.asarray(x, np.float32).reshape(-1, 32)
+    amax = np.abs(g).max(axis=1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(32767) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.rint(g * inv)  # float32 product, round half to even
+    return (q.astype(np.float64) * (amax / np.float32(32767)).astype(np.float64)).reshape(-1)
+
+
+def head_only_case(tmp, fmt):
+    """A model whose layer matrices are all zero, quantized to fmt: h stays the
+    token's embedding row, so decode logits are ONE product, the tied head's,
+    of x = rmsnorm(row) * w_final with the quantized embedding. Returns (gguf
+    path, ids, float64 products with exact x, with x rounded by round_x16, and
+    the relative L2 between those two)."""
+    import numpy as np
+    import mkmodel
+    import ref
+    shape = dict(hidden=512, ff=1024, layers=1, heads=2, kv_heads=1, head_dim=256, vocab=1024, window=16,
+                 pattern="F", seed=9)
+    cfg = mkmodel.build_config(**shape)
+    w = mkmodel.make_weights(cfg, 9, "f32")
+    for name in w:
+        if name.startswith("model.layers.") and not name.endswith("layernorm.weight"):
+            w[name] = np.zeros_like(w[name])
+    hf, path = Path(tmp) / "head-only", Path(tmp) / f"head-only-{fmt}.gguf"
+    mkmodel.write_hf(hf, cfg, w, "f32")
+    run_spark(["quantize", hf, path, "--type", fmt, "-q"])
+    m = ref.load_model(str(path))
+    ids = [5, 77, 300, 901, 1023, 42]
+    E, fw = np.asarray(m.embedding, np.float64), np.asarray(m.final_norm, np.float32)
+    exact, x16 = [], []
+    for t in ids:
+        row = E[t].astype(np.float32)
+        inv = np.float32(1.0 / np.sqrt(np.mean(row.astype(np.float64) ** 2) + m.eps))
+        xn = (row * inv * fw).astype(np.float32)
+        exact.append(E @ xn.astype(np.float64))
+        x16.append(E @ round_x16(xn))
+    exact, x16 = np.array(exact), np.array(x16)
+    gap = float(np.max(np.linalg.norm(exact - x16, axis=1) / np.linalg.norm(exact, axis=1)))
+    assert gap > 1e-7, f"rounding x to int16 moved nothing ({gap:.3g}): the case cannot tell the paths apart"
+    return path, ids, exact, x16, gap

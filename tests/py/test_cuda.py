@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import mkmodel
-from sparktest import ROOT, require_gpu, run_spark
+from sparktest import ROOT, head_only_case, require_gpu, run_spark
 
 TOL = 1e-3
 TINY = ROOT / "models" / "spark-tiny"
@@ -205,7 +205,8 @@ def test_quantized_fgemv_matches_cpu(models, model, fmt, tmp_path, monkeypatch):
     the device layout made at upload, the norm, qkv + gate, the gate/up pair with
     GELU and the residual adds fused, the tied head): every matrix kind must have
     run through it (SPARK_CUDA_FG_SHOW lists the launches) and the logits agree
-    with the CPU's float path (prefill on the CPU dequantizes exactly)."""
+    with the CPU's float path (prefill on the CPU dequantizes exactly), with x
+    in int16 (the default) and in float (SPARK_CUDA_QX16=0)."""
     src = TINY if model == "spark-tiny" else models[(model, "bf16")].hf
     ids = TINY_IDS[:24] if model == "spark-tiny" else models[(model, "bf16")].ids[:40]
     path = tmp_path / f"{model}-{fmt}.gguf"
@@ -221,7 +222,28 @@ def test_quantized_fgemv_matches_cpu(models, model, fmt, tmp_path, monkeypatch):
     assert any(x.startswith(f"fgemv {vocab} x ") for x in shown), f"the {fmt} head did not run on fgemv"
     assert len({x.split(":")[0] for x in shown}) >= 4, f"too few {fmt} matrix kinds on fgemv:\n{shown}"
     assert all(" DB," in x for x in shown), f"{fmt} fgemv without double-buffered registers:\n{shown}"
-    check(f"{model} {fmt} decode (fgemv)", np.load(out), cpu[: len(ids)])
+    assert all(" X16 " in x for x in shown), f"{fmt} fgemv without int16 x:\n{shown}"
+    gpu16 = np.load(out)
+    check(f"{model} {fmt} decode (fgemv, int16 x)", gpu16, cpu[: len(ids)])
+    # The CPU's single-token products round x to int16 per 32 values too
+    # (kernels_x8.inc); the GPU's decode must be no further from exact than
+    # the CPU's is. (They do not agree with each other much closer: activations
+    # a few ulps apart already round a few % of their elements to the other
+    # neighbour, each a full step; test_quantized_fgemv_int16_x_against_numpy
+    # checks the rounding itself.)
+    cpu16 = logits(tmp_path, path, ids, "--all", "--mode", "decode")
+    own = rel_l2_rows(cpu16, cpu[: len(ids)]).max()
+    mine = rel_l2_rows(gpu16, cpu[: len(ids)]).max()
+    record(f"{model} {fmt} decode: gpu int16 x {mine:.3g} vs cpu int16 x {own:.3g} from exact", [mine])
+    assert mine <= 3 * own + 1e-5, f"{fmt}: GPU int16-x decode {mine:.3g} from exact, the CPU's {own:.3g}"
+    monkeypatch.setenv("SPARK_CUDA_QX16", "0")  # float x, the products exact
+    out = tmp_path / "dec32.npy"
+    proc = run_spark(["logits", path, "--ids", ",".join(map(str, ids)), "--out", out, "--all", "--mode", "decode",
+                      "--gpu"])
+    shown = [x for x in proc.stderr.splitlines() if x.startswith("fgemv ") and f"(dtype {FG_DTYPE[fmt]})" in x]
+    assert shown and not any(" X16 " in x for x in shown), proc.stderr[-1500:]
+    check(f"{model} {fmt} decode (fgemv, float x)", np.load(out), cpu[: len(ids)])
+    monkeypatch.delenv("SPARK_CUDA_QX16")
     monkeypatch.setenv("SPARK_CUDA_FG_DB", "0")  # single-buffered: the loads after the products
     check(f"{model} {fmt} decode (fgemv, single-buffered)",
           logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu"), cpu[: len(ids)])
@@ -229,6 +251,26 @@ def test_quantized_fgemv_matches_cpu(models, model, fmt, tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_CUDA_FAST", "0")  # the generic kernels read the same device layout
     check(f"{model} {fmt} decode (generic GEMV)",
           logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu"), cpu[: len(ids)])
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_quantized_fgemv_int16_x_against_numpy(gpu, fmt, tmp_path, monkeypatch):
+    """One fgemv alone against NumPy (sparktest.head_only_case: decode logits
+    are the head's product of rmsnorm(row)). With x in int16 (the default)
+    they must match the float64 product with x rounded as round_x16 rounds it
+    far closer than the product with exact x; with SPARK_CUDA_QX16=0 the
+    reverse. (A kernel that truncated, or scaled a group by another's d, fails.)"""
+    path, ids, exact, x16, gap = head_only_case(tmp_path, fmt)
+    got16 = logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu")
+    monkeypatch.setenv("SPARK_CUDA_QX16", "0")
+    got32 = logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu")
+    e16, e32 = rel_l2_rows(got16, x16).max(), rel_l2_rows(got32, exact).max()
+    record(f"fgemv {fmt} int16 x vs numpy (rounding gap {gap:.3g})", [e16])
+    record(f"fgemv {fmt} float x vs numpy", [e32])
+    assert e16 <= 0.1 * gap, f"{fmt} int16 x: {e16:.3g} from NumPy's int16-x product (gap to exact x {gap:.3g})"
+    # the float-x Q4_K kernel reads nibbles as 0.5 + n / 256 (nib_f), which
+    # costs ~4 bits of the fp32 sum: measured 0.36 of the gap (run 10)
+    assert e32 <= (0.1 if fmt == "q8_0" else 0.6) * gap, f"{fmt} float x: {e32:.3g} from the exact product (gap {gap:.3g})"
 
 
 def test_bf16_fgemv_single_buffered_matches_cpu(models, tmp_path, monkeypatch):

@@ -32,7 +32,7 @@ import pytest
 import mkmodel
 import ref
 import sparkgguf
-from sparktest import run_spark
+from sparktest import head_only_case, run_spark
 
 gguf = pytest.importorskip("gguf")
 
@@ -88,6 +88,12 @@ def spark_logits(path, tmp, *extra):
     return np.load(out).astype(np.float64)
 
 
+def spark_logits_ids(path, ids, tmp, *extra):
+    out = tmp / "logits.npy"
+    run_spark(["logits", path, "--ids", ",".join(map(str, ids)), "--out", out, "--all", *extra])
+    return np.load(out).astype(np.float64)
+
+
 def rel_l2(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
@@ -128,6 +134,24 @@ def test_logits_match_reference_on_dequantized_weights(quantized, qtype, tmp_pat
         got = spark_logits(quantized[qtype], tmp_path, "--mode", mode)
         err = worst_position(got, want)
         assert err <= TOL, f"{qtype} {mode}: relative L2 {err:.3g}"
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_int16_x_rounding_against_numpy(fmt, tmp_path, monkeypatch):
+    """One product alone (sparktest.head_only_case): decode on the CPU rounds
+    x to int16 per 32 values on x86 (kernels_x8.inc) and must match NumPy's
+    product with x so rounded far closer than the exact-x product; the float
+    path (SPARK_INT8_DOT=0) the reverse. Elsewhere (no int16 kernels) both
+    runs take the float path and only the second check applies."""
+    path, ids, exact, x16, gap = head_only_case(tmp_path, fmt)
+    got = spark_logits_ids(path, ids, tmp_path, "--mode", "decode")
+    monkeypatch.setenv("SPARK_INT8_DOT", "0")
+    flt = spark_logits_ids(path, ids, tmp_path, "--mode", "decode")
+    e_flt = max(rel_l2(flt[i], exact[i]) for i in range(len(ids)))
+    assert e_flt <= 0.1 * gap, f"{fmt} float x: {e_flt:.3g} from the exact product (gap {gap:.3g})"
+    if platform.machine() in ("x86_64", "AMD64"):
+        e16 = max(rel_l2(got[i], x16[i]) for i in range(len(ids)))
+        assert e16 <= 0.1 * gap, f"{fmt} int16 x: {e16:.3g} from NumPy's int16-x product (gap {gap:.3g})"
 
 
 @pytest.mark.parametrize("qtype", INT8_TYPES)

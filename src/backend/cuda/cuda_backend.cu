@@ -196,22 +196,37 @@ void cuda_release(backend *be, float *buf)
     CK(cudaFree(buf));
 }
 
+/* buf's count floats into host_dst, waiting for the stream. (A page-locked
+ * bounce buffer for the logits measured the same: bench/cuda_runs.md run 10.) */
+void download_wait(cuda_backend *cb, float *host_dst, const float *buf, size_t count)
+{
+    CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
+    CK(cudaStreamSynchronize(cb->st));
+}
+
+double host_now()
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 void cuda_download(backend *be, float *host_dst, const float *buf, size_t count)
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
     flush(cb);
     if (!be->timing) {
-        CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
-        CK(cudaStreamSynchronize(cb->st));
+        const double t0 = cb->verbose ? host_now() : 0;
+        download_wait(cb, host_dst, buf, count);
+        if (cb->verbose) cb->host_wait += host_now() - t0;
         return;
     }
     /* phase timing: the host's wait for the device (a copy into pageable
      * memory already waits for the stream) */
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
-    CK(cudaStreamSynchronize(cb->st));
+    download_wait(cb, host_dst, buf, count);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     be->device_wait += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 }
@@ -228,6 +243,12 @@ void cuda_destroy(backend *be)
                 "one-launch attention (cluster %d): %ld launches\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
                 cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs);
+    if (cb->verbose && cb->host_steps)
+        fprintf(stderr,
+                "spark: CUDA host time per decode step (%ld steps, %zu commands of %zu bytes): recording "
+                "%.1f us, flush (compare + launch) %.1f us, download copy + wait %.1f us\n",
+                cb->host_steps, cb->nq, sizeof(cmd), 1e6 * cb->host_record / cb->host_steps, 1e6 * cb->host_flush / cb->host_steps,
+                1e6 * cb->host_wait / cb->host_steps);
     if (cb->exec) cudaGraphExecDestroy(cb->exec);
     cu_mega_destroy(cb->mk);
     free(cb->mq);
@@ -382,6 +403,7 @@ void cuda_embed(backend *be, float *out, const weight_ref *table, const int32_t 
     c.cols = table->cols;
     c.row_bytes = (int64_t)dtype_row_bytes(table->dtype, (uint64_t)table->cols);
     if (n == 1 && cb->graphs) {
+        if (cb->verbose) cb->host_t0 = host_now();
         cb->recording = 1;
         cb->nq = 0;
         cb->step_id = ids[0];
@@ -960,6 +982,7 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     if (cb->fuse_on && !(rt && !strcmp(rt, "0")))
         CK(cudaMalloc((void **)&cb->ropetab, ROPE_TABLES * CUDA_MAX_HEAD_DIM * sizeof(float)));
     cb->split_keys = sk && atoi(sk) > 0 ? atoi(sk) : SPLIT_MIN_KEYS;
+    cb->verbose = getenv("SPARK_CUDA_VERBOSE") != NULL;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */
     cb->pdl_early = !(pe && !strcmp(pe, "0"));
     /* SPARK_CUDA_ATTSTEP=0: a decode step's attention as rope_kv + attention

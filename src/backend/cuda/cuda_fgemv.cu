@@ -64,7 +64,7 @@ __device__ __forceinline__ float nib_f(uint32_t w, int k)
  * float4 k of unit i at xs4[k * nvec + i], nvec = units a row. */
 
 struct fmt_bf16 {
-    static constexpr int DTYPE = CU_BF16, VALS = 8, RW_SINGLE = 1;
+    static constexpr int DTYPE = CU_BF16, VALS = 8, RW_SINGLE = 1, X16 = 0;
     static constexpr double BYTES = 16.0;
     struct unit {
         uint4 q;
@@ -89,7 +89,7 @@ struct fmt_bf16 {
 
 /* GPU row: cols int8 quants, then cols / 32 f16 scales */
 struct fmt_q8_0 {
-    static constexpr int DTYPE = CU_Q8_0, VALS = 16, RW_SINGLE = 2; /* 2 rows share each x read */
+    static constexpr int DTYPE = CU_Q8_0, VALS = 16, RW_SINGLE = 2, X16 = 0; /* 2 rows share each x read */
     static constexpr double BYTES = 17.0;
     struct unit {
         uint4 q;
@@ -124,7 +124,7 @@ struct fmt_q8_0 {
  * y . x = d sc (q . x) - dmin mn sum(x) with the sums of x per unit made
  * once per launch. */
 struct fmt_q4_k {
-    static constexpr int DTYPE = CU_Q4_K, VALS = 32, RW_SINGLE = 2;
+    static constexpr int DTYPE = CU_Q4_K, VALS = 32, RW_SINGLE = 2, X16 = 0;
     static constexpr double BYTES = 18.0;
     struct unit {
         uint4 q, h;
@@ -137,7 +137,8 @@ struct fmt_q4_k {
     /* (a lane's units all have the same j = i % 8: the compiler finds that;
      * selecting by a per-lane table instead cost 32 registers, a second block
      * an SM, bench/cuda_runs.md run 9) */
-    __device__ static float dot(const unit &u, const float4 *xs4, const float *xsum, int i, int nvec, float acc)
+    /* sub-block i % 8's d * scale (*a) and dmin * min (*m) from the header */
+    __device__ static void scale_min(const unit &u, int i, float *a, float *m)
     {
         /* sub-block j's 6-bit scale and min (model/quant.c's packing): for j < 4
          * bytes j, j + 4; else the low / high nibbles of byte j + 4 with the
@@ -150,7 +151,13 @@ struct fmt_q4_k {
         const uint32_t sc2 = c < 2 ? A & 0x3f3fu : (B & 0x0f0fu) | ((Cw >> 2) & 0x3030u);
         const uint32_t mn2 = c < 2 ? B & 0x3f3fu : ((B >> 4) & 0x0f0fu) | ((A >> 2) & 0x3030u);
         const float sc = (float)((sc2 >> hb) & 0xffu), mn = (float)((mn2 >> hb) & 0xffu);
-        const float d = h2f((uint16_t)u.h.x), dmin = h2f((uint16_t)(u.h.x >> 16));
+        *a = h2f((uint16_t)u.h.x) * sc;
+        *m = h2f((uint16_t)(u.h.x >> 16)) * mn;
+    }
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *xsum, int i, int nvec, float acc)
+    {
+        float a, dm;
+        scale_min(u, i, &a, &dm);
         const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
         float s0 = 0.0f, s1 = 0.0f; /* two chains: low and high nibbles */
 #pragma unroll
@@ -167,11 +174,168 @@ struct fmt_q4_k {
             s1 = fmaf(nib_f(hi, 3), xh.w, s1);
         }
         /* a sum(n x) - m sum(x) with sum(n x) = 256 S - 128 sum(x) (nib_f) */
-        const float a = d * sc, X = xsum[i];
+        const float X = xsum[i];
         acc = fmaf(256.0f * a, s0 + s1, acc);
-        return fmaf(-(128.0f * a + dmin * mn), X, acc);
+        return fmaf(-(128.0f * a + dm), X, acc);
     }
 };
+
+/* ---- quantized rows against x in int16 (the default for Q8_0 / Q4_K) --------- */
+/*
+ * x rounded to int16 per 32 values, as the CPU's single-token kernels do
+ * (backend/cpu/kernels_x8.inc, x8_quant_x16): d = max|x| / 32767, q =
+ * round-to-nearest-even(x / d). Each element is within max|x| / 65534 of
+ * its group, more precise than the reference's own bf16 activations (SPEC
+ * §2; bench/RESULTS.md, "Q8_0 decode with int16 activations"). Then every
+ * pair of weights meets a pair of x in one integer dp2a (an int16 pair times
+ * two bytes, accumulated in int32, exact), so a 16-value Q8_0 unit costs 8
+ * dp2a, a conversion and an FMA where the float form needs 16 byte permutes,
+ * 16 subtractions and 16 FMAs, and x in shared memory is half the bytes.
+ * Shared memory: xq (cols int16, by units, transposed: uint4 k of unit i at
+ * xq[k * nvec + i]), then xd[cols / 32] (the groups' d), then xs[cols / 32]
+ * (d * the sum of the group's q, for Q4_K's mins). SPARK_CUDA_QX16=0 keeps
+ * the float x path above.
+ */
+__device__ __forceinline__ int dp2a_lo(uint32_t x2, uint32_t w4, int c)
+{
+    int d;
+    asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(x2), "r"(w4), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ int dp2a_hi(uint32_t x2, uint32_t w4, int c)
+{
+    int d;
+    asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(x2), "r"(w4), "r"(c));
+    return d;
+}
+
+/* 8 x values (one uint4 of int16 pairs) against 8 int8 weights (w0, w1) */
+__device__ __forceinline__ int dot8_x16(const uint4 &x, uint32_t w0, uint32_t w1, int s)
+{
+    s = dp2a_lo(x.x, w0, s);
+    s = dp2a_hi(x.y, w0, s);
+    s = dp2a_lo(x.z, w1, s);
+    return dp2a_hi(x.w, w1, s);
+}
+
+struct fmt_q8_0_x16 : fmt_q8_0 {
+    static constexpr int X16 = 1;
+    /* xs4: the xq area; aux: xd then xs (by 32-value groups) */
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *aux, int i, int nvec, float acc)
+    {
+        const uint4 *xq = (const uint4 *)xs4;
+        const int lo = dot8_x16(xq[i], u.q.x, u.q.y, 0), hi = dot8_x16(xq[nvec + i], u.q.z, u.q.w, 0);
+        return fmaf(h2f((uint16_t)u.d) * aux[i / 2], (float)(lo + hi), acc); /* |sum| <= 16 * 128 * 32767 */
+    }
+};
+
+/* A Q4_K unit's 32 nibbles: byte t holds value t (low) and 16 + t (high);
+ * masked to bytes 0..15 they are the int8 dp2a operand (no sign to fix) */
+struct fmt_q4_k_x16 : fmt_q4_k {
+    static constexpr int X16 = 1;
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *aux, int i, int nvec, float acc)
+    {
+        const uint4 *xq = (const uint4 *)xs4;
+        float a, m;
+        scale_min(u, i, &a, &m);
+        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
+        int sl = 0, sh = 0; /* values 0..15 and 16..31: |sum| <= 16 * 15 * 32767 each */
+#pragma unroll
+        for (int k = 0; k < 4; k += 2) {
+            const uint4 xl = xq[(k / 2) * nvec + i], xh = xq[(2 + k / 2) * nvec + i];
+            sl = dot8_x16(xl, w[k] & 0x0f0f0f0fu, w[k + 1] & 0x0f0f0f0fu, sl);
+            sh = dot8_x16(xh, (w[k] >> 4) & 0x0f0f0f0fu, (w[k + 1] >> 4) & 0x0f0f0f0fu, sh);
+        }
+        const int ng = nvec; /* one group a unit */
+        acc = fmaf(a * aux[i], (float)(sl + sh), acc);
+        return fmaf(-m, aux[ng + i], acc); /* - dmin * mn * (d * sum q) */
+    }
+};
+
+/* x (RMS-normalised when a.nw; block 0 also writes the normalised floats to
+ * a.xn, as load_norm_x does) rounded to int16 per 32 values into xq (VPU
+ * uint4s a unit, transposed as above), xd and xs (see above). Every block
+ * does this for the whole row, so its cost is paid by every SM: a lane takes
+ * 16 consecutive values (two lanes a group, one shuffle for the max and one
+ * for the sum; 4 values a lane with 8 lanes a group took ~1 us more per
+ * launch on the 10240-value down projection, bench/cuda_runs.md run 10).
+ * Needs cols % 256 == 0. Ends with a block barrier. */
+template <int VPU>
+__device__ __forceinline__ void load_x16(const cu_fgemv_args &a, uint4 *xq, float *xd, float *xs, float *red)
+{
+    const int c4 = a.cols / 4, halves = a.cols / 16, nvec = a.cols / (8 * VPU);
+    const float4 *x4 = (const float4 *)a.x, *nw4 = (const float4 *)a.nw;
+    float inv = 1.0f;
+    if (nw4) { /* x is read twice (the second time from L1): no float copy in shared memory */
+        float ss = 0.0f;
+        for (int t = threadIdx.x; t < c4; t += FG_THREADS) {
+            const float4 v = x4[t];
+            ss = fmaf(v.x, v.x, ss);
+            ss = fmaf(v.y, v.y, ss);
+            ss = fmaf(v.z, v.z, ss);
+            ss = fmaf(v.w, v.w, ss);
+        }
+        ss = warp_sum(ss);
+        if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < FG_WARPS; w++) tot += red[w];
+        inv = 1.0f / sqrtf(tot / (float)a.cols + a.eps);
+    }
+    float4 *xn4 = blockIdx.x == 0 && nw4 && a.xn ? (float4 *)a.xn : NULL;
+    /* whole warps go round together (the shuffles); halves is even, so both
+     * lanes of a group are in range or neither is */
+    const int rounds = (halves + FG_THREADS - 1) / FG_THREADS;
+    for (int r = 0; r < rounds; r++) {
+        const int h = threadIdx.x + r * FG_THREADS;
+        const bool in = h < halves;
+        if (__all_sync(0xffffffffu, !in)) break;
+        float4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = in ? x4[4 * h + k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (nw4 && in) { /* the same operations as load_norm_x */
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float4 w = nw4[4 * h + k];
+                v[k].x = v[k].x * inv * w.x;
+                v[k].y = v[k].y * inv * w.y;
+                v[k].z = v[k].z * inv * w.z;
+                v[k].w = v[k].w * inv * w.w;
+                if (xn4) xn4[4 * h + k] = v[k];
+            }
+        }
+        float m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        const float id = m > 0.0f ? 32767.0f / m : 0.0f;
+        uint32_t p[8];
+        int sum = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int q0 = __float2int_rn(v[k].x * id), q1 = __float2int_rn(v[k].y * id);
+            const int q2 = __float2int_rn(v[k].z * id), q3 = __float2int_rn(v[k].w * id);
+            sum += q0 + q1 + q2 + q3;
+            p[2 * k] = ((uint32_t)q0 & 0xffffu) | ((uint32_t)q1 << 16);
+            p[2 * k + 1] = ((uint32_t)q2 & 0xffffu) | ((uint32_t)q3 << 16);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        if (in) {
+            const int j = 2 * h; /* the uint4s of values 8j..8j+15: unit j / VPU, parts j % VPU and the next */
+            xq[(j % VPU) * nvec + j / VPU] = make_uint4(p[0], p[1], p[2], p[3]);
+            xq[((j + 1) % VPU) * nvec + (j + 1) / VPU] = make_uint4(p[4], p[5], p[6], p[7]);
+            if ((h & 1) == 0) {
+                const float d = m / 32767.0f;
+                xd[h / 2] = d;
+                xs[h / 2] = d * (float)sum; /* |sum| <= 32 * 32767: exact in float */
+            }
+        }
+    }
+    __syncthreads();
+}
 
 /* Work: "groups" of FG_WARPS / KS row sets; warp w of a block takes row set
  * w / KS of the group (RW consecutive rows, or a gate / up row pair when
@@ -232,19 +396,27 @@ __global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
         a.stamps[0] = t;
     }
 
-    load_norm_x<FG_THREADS, false, F::VALS / 4>(a, xs4, red); /* x (RMS-normalised when nw), by units */
-    float *xsum = (float *)(xs4 + a.cols / 4);
-    if constexpr (F::DTYPE == CU_Q4_K) { /* sums of x per unit, for the mins */
-        for (int i = threadIdx.x; i < nvec; i += FG_THREADS) {
-            float s = 0.0f;
+    const float *xsum; /* float x: Q4_K's sums of x per unit; int16 x: xd, then xs */
+    if constexpr (F::X16) {
+        float *xd = (float *)((uint4 *)xs4 + a.cols / 8);
+        load_x16<F::VALS / 8>(a, (uint4 *)xs4, xd, xd + a.cols / 32, red);
+        xsum = xd;
+    } else {
+        load_norm_x<FG_THREADS, false, F::VALS / 4>(a, xs4, red); /* x (RMS-normalised when nw), by units */
+        float *sums = (float *)(xs4 + a.cols / 4);
+        if constexpr (F::DTYPE == CU_Q4_K) { /* sums of x per unit, for the mins */
+            for (int i = threadIdx.x; i < nvec; i += FG_THREADS) {
+                float s = 0.0f;
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float4 t = xs4[k * nvec + i];
-                s += t.x + t.y + t.z + t.w;
+                for (int k = 0; k < 8; k++) {
+                    const float4 t = xs4[k * nvec + i];
+                    s += t.x + t.y + t.z + t.w;
+                }
+                sums[i] = s;
             }
-            xsum[i] = s;
+            __syncthreads();
         }
-        __syncthreads();
+        xsum = sums;
     }
 
     int par = 0;
@@ -414,12 +586,18 @@ fgemv_fn fg_pick_f(int ksi, int nvi, bool pair)
     }
 }
 
-fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair, bool db)
+/* x16: quantized rows against int16 x (only double-buffered kernels are
+ * instantiated for it; single-buffered launches keep float x) */
+fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair, bool db, bool x16)
 {
     switch (dtype) {
     case CU_BF16: return db ? fg_pick_f<fmt_bf16, true>(ksi, nvi, pair) : fg_pick_f<fmt_bf16, false>(ksi, nvi, pair);
-    case CU_Q8_0: return db ? fg_pick_f<fmt_q8_0, true>(ksi, nvi, pair) : fg_pick_f<fmt_q8_0, false>(ksi, nvi, pair);
-    case CU_Q4_K: return db ? fg_pick_f<fmt_q4_k, true>(ksi, nvi, pair) : fg_pick_f<fmt_q4_k, false>(ksi, nvi, pair);
+    case CU_Q8_0:
+        if (db && x16) return fg_pick_f<fmt_q8_0_x16, true>(ksi, nvi, pair);
+        return db ? fg_pick_f<fmt_q8_0, true>(ksi, nvi, pair) : fg_pick_f<fmt_q8_0, false>(ksi, nvi, pair);
+    case CU_Q4_K:
+        if (db && x16) return fg_pick_f<fmt_q4_k_x16, true>(ksi, nvi, pair);
+        return db ? fg_pick_f<fmt_q4_k, true>(ksi, nvi, pair) : fg_pick_f<fmt_q4_k, false>(ksi, nvi, pair);
     default: return NULL;
     }
 }
@@ -439,6 +617,18 @@ bool fg_db()
     return fg_force_db >= 0 ? fg_force_db != 0 : mode != 0;
 }
 
+/* Whether quantized rows meet x in int16 (default on, SPARK_CUDA_QX16=0:
+ * float x); single-buffered launches always take float x. */
+bool fg_x16(int dtype)
+{
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("SPARK_CUDA_QX16");
+        mode = e && *e ? atoi(e) != 0 : 1;
+    }
+    return mode != 0 && fg_db() && (dtype == CU_Q8_0 || dtype == CU_Q4_K);
+}
+
 /* values per unit, bytes read per unit, NV choices, rows a warp of a single matrix */
 void fg_format(int dtype, int *vals, double *bytes, int *nnv, int *rw)
 {
@@ -448,7 +638,12 @@ void fg_format(int dtype, int *vals, double *bytes, int *nnv, int *rw)
     *nnv = dtype == CU_BF16 ? FG_NNV_BF16 : FG_NNV_Q;
 }
 
-size_t fg_smem(int dtype, int64_t cols) { return (size_t)cols * sizeof(float) + (dtype == CU_Q4_K ? (size_t)cols / 4 : 0); }
+/* float x (+ Q4_K's unit sums), or int16 x + its groups' d and sums */
+size_t fg_smem(int dtype, int64_t cols)
+{
+    if (fg_x16(dtype)) return (size_t)cols * 2 + (size_t)cols / 32 * 2 * sizeof(float);
+    return (size_t)cols * sizeof(float) + (dtype == CU_Q4_K ? (size_t)cols / 4 : 0);
+}
 
 /* Resident blocks per SM of a kernel at a dynamic shared-memory size (cached). */
 int fg_occupancy(fgemv_fn fn, size_t smem)
@@ -525,7 +720,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         while (nvi < nnv && fg_nv(a->dtype, nvi) < need) nvi++;
         if (nvi == nnv) continue;
         const int nv = fg_nv(a->dtype, nvi);
-        fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair, fg_db());
+        fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair, fg_db(), fg_x16(a->dtype));
         int bmax = fg_occupancy(fn, smem);
         if (bmax > 8) bmax = 8;
         const int64_t set_rows = (int64_t)(FG_WARPS / ks) * rw;
@@ -554,9 +749,9 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
     if (!best) return cudaErrorInvalidValue;
     static const int show = getenv("SPARK_CUDA_FG_SHOW") != NULL;
     if (show)
-        fprintf(stderr, "fgemv %lld x %d%s (dtype %d): KS %d NV %d%s, %u blocks (%.0f KB in flight per SM)\n",
+        fprintf(stderr, "fgemv %lld x %d%s (dtype %d): KS %d NV %d%s%s, %u blocks (%.0f KB in flight per SM)\n",
                 (long long)R, a->cols, pair ? " pair" : "", a->dtype, best_ks, best_nv,
-                fg_db() ? " DB" : "", best_grid, best_fly / 1e3);
+                fg_x16(a->dtype) ? " X16" : "", fg_db() ? " DB" : "", best_grid, best_fly / 1e3);
     cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
@@ -573,7 +768,7 @@ void cu_fgemv_prepare(int64_t cols)
         for (int ksi = 0; ksi < FG_NKS; ksi++)
             for (int nvi = 0; nvi < nnv; nvi++)
                 for (int pair = 0; pair < 2; pair++)
-                    fg_occupancy(fg_pick(dtype, ksi, nvi, pair != 0, fg_db()), fg_smem(dtype, cols));
+                    fg_occupancy(fg_pick(dtype, ksi, nvi, pair != 0, fg_db(), fg_x16(dtype)), fg_smem(dtype, cols));
     }
 }
 

@@ -385,15 +385,29 @@ bool mega_run(cuda_backend *cb)
     return true;
 }
 
+void launch_step(cuda_backend *cb);
+
 /* Run the recorded step, if any. */
 void flush(cuda_backend *cb)
 {
     if (!cb->recording) return;
     cb->recording = 0;
-    CK(cu_set_i64(cb->st, cb->d_pos, cb->step_pos));
+    const double t0 = cb->verbose ? host_now() : 0;
+    if (cb->verbose) {
+        cb->host_record += t0 - cb->host_t0;
+        cb->host_steps++;
+    }
+    launch_step(cb);
+    if (cb->verbose) cb->host_flush += host_now() - t0;
+}
+
+/* The recorded step: as the persistent kernel, a replay of the current
+ * graph, or a new capture. */
+void launch_step(cuda_backend *cb)
+{
+    CK(cu_set_step(cb->st, cb->d_pos, cb->step_pos, cb->ids, cb->step_id));
     cb->pos_set = 1;
     cb->pos_host = cb->step_pos;
-    CK(cu_set_i32(cb->st, cb->ids, cb->step_id));
     if (cb->mega_on && mega_run(cb)) return;
     bool same = cb->exec && cb->ngq == cb->nq && !memcmp(cb->gq, cb->q, cb->nq * sizeof *cb->q);
     if (!same) {

@@ -48,7 +48,8 @@ cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, i
 
 /* *dst = v, as a one-thread kernel: stream-ordered, no host buffer to keep alive. */
 cudaError_t cu_set_i64(cudaStream_t st, int64_t *dst, int64_t v);
-cudaError_t cu_set_i32(cudaStream_t st, int32_t *dst, int32_t v);
+/* *pos = p and *id = t in one launch (a decode step's position and token) */
+cudaError_t cu_set_step(cudaStream_t st, int64_t *pos, int64_t p, int32_t *id, int32_t t);
 
 cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, int64_t cols, int64_t row_bytes,
                      const int32_t *ids_dev, int n);

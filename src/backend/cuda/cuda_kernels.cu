@@ -499,7 +499,11 @@ __global__ void attention_merge_kernel(float *out, const float *ws, int splits, 
 }
 
 __global__ void set_i64_kernel(int64_t *dst, int64_t v) { *dst = v; }
-__global__ void set_i32_kernel(int32_t *dst, int32_t v) { *dst = v; }
+__global__ void set_step_kernel(int64_t *pos, int64_t p, int32_t *id, int32_t t)
+{
+    *pos = p;
+    *id = t;
+}
 
 
 /* ---- rope of a decode step ------------------------------------------------------ */
@@ -658,9 +662,9 @@ cudaError_t cu_set_i64(cudaStream_t st, int64_t *dst, int64_t v)
     return cudaGetLastError();
 }
 
-cudaError_t cu_set_i32(cudaStream_t st, int32_t *dst, int32_t v)
+cudaError_t cu_set_step(cudaStream_t st, int64_t *pos, int64_t p, int32_t *id, int32_t t)
 {
-    set_i32_kernel<<<1, 1, 0, st>>>(dst, v);
+    set_step_kernel<<<1, 1, 0, st>>>(pos, p, id, t);
     return cudaGetLastError();
 }
 

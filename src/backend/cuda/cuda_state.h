@@ -88,7 +88,16 @@ struct cuda_backend {
     size_t nmq;
     int mq_valid;
     long mega_runs;
+    /* SPARK_CUDA_VERBOSE: the host's time per decode step, seconds summed over
+     * host_steps: recording the ops (step start to flush), flush (compare,
+     * graph launch), and the download's copy + wait */
+    int verbose;
+    double host_t0, host_record, host_flush, host_wait;
+    long host_steps;
 };
+
+/* CLOCK_MONOTONIC in seconds (the host-time counters above) */
+double host_now();
 
 inline cuda_backend *cuda_of(backend *be) { return (cuda_backend *)be; }
 
