@@ -694,9 +694,25 @@ void cu_fgemv_force(int ks, int b, int db)
     fg_force_db = db;
 }
 
+/* Every block rounds the whole x to int16 (load_x16): its cost, counted as
+ * bytes of weights streamed meanwhile per value of x (SPARK_CUDA_FG_X16COST;
+ * run 10's sweep: the 10240-value down projections ran 0.5-1 us faster at
+ * one block an SM than at the two the model without it picked). */
+double fg_x16_cost()
+{
+    static double c = -1;
+    if (c < 0) {
+        const char *e = getenv("SPARK_CUDA_FG_X16COST");
+        c = e && *e ? atof(e) : 2.0;
+        if (c < 0) c = 0;
+    }
+    return c;
+}
+
 /* The split (KS, NV) and blocks per SM with the least time: per-SM bytes
  * (padding and the last round's idle slots included) over a bandwidth share
- * that drops when under ~48 KB per SM are in flight. */
+ * that drops when under ~48 KB per SM are in flight, plus each resident
+ * block's x preparation when that is the int16 rounding. */
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
 {
     if (!cu_fgemv_ok(a->dtype, a->cols, a->row_bytes, a->w0, a->rows0 + a->rows1)) return cudaErrorInvalidValue;
@@ -708,6 +724,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
     if (pair) rw = 1; /* a pair's two rows are its set */
     const int nvec = a->cols / vals;
     const size_t smem = fg_smem(a->dtype, a->cols);
+    const double prologue = fg_x16(a->dtype) ? fg_x16_cost() * a->cols : 0.0; /* a block's, as bytes */
     fgemv_fn best = NULL;
     unsigned best_grid = 0;
     double best_t = 0, best_fly = 0;
@@ -734,7 +751,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
             const double group_bytes = (double)FG_THREADS * nv * unit_bytes * (pair ? 2 : rw);
             const double fly = (double)per_sm_blocks * group_bytes;
             const double share = fly >= fg_fly ? 1.0 : fly / fg_fly;
-            const double t = (double)rounds * per_sm_blocks * group_bytes / share;
+            const double t = (double)rounds * per_sm_blocks * group_bytes / share + per_sm_blocks * prologue;
             if (!best || t < best_t * 0.99 || (t <= best_t * 1.01 && fly > best_fly)) {
                 best_ks = ks;
                 best_nv = nv;
