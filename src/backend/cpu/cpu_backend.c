@@ -325,7 +325,7 @@ spark_status backend_cpu_create(int n_threads, backend **out)
     /* Lane layout of the single-token GEMVs that have two (the int16 Q8_0
      * one, the float f32 / f16 / bf16 ones): 2 long lanes a
      * tile prefetched 4 KB ahead on AMD, where the 4B decode's products
-     * streamed ~1.3-1.6x faster so on the Zen 5 VM; 8 lanes at 1 KB
+     * streamed 1.1-1.7x faster so on the Zen 5 VM; 8 lanes at 1 KB
      * elsewhere, measured ahead of 2 on the Intel VM (bench/RESULTS.md,
      * 2026-11-30 and 2026-12-01). SPARK_GEMV_LANES=2|8 forces one. The
      * results are the same bits either way. */
