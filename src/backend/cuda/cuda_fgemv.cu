@@ -64,7 +64,7 @@ __device__ __forceinline__ float nib_f(uint32_t w, int k)
  * float4 k of unit i at xs4[k * nvec + i], nvec = units a row. */
 
 struct fmt_bf16 {
-    static constexpr int DTYPE = CU_BF16, VALS = 8, RW_SINGLE = 1, X16 = 0;
+    static constexpr int DTYPE = CU_BF16, VALS = 8, RW_SINGLE = 1, X16 = 0, MINB = 0;
     static constexpr double BYTES = 16.0;
     struct unit {
         uint4 q;
@@ -89,7 +89,7 @@ struct fmt_bf16 {
 
 /* GPU row: cols int8 quants, then cols / 32 f16 scales */
 struct fmt_q8_0 {
-    static constexpr int DTYPE = CU_Q8_0, VALS = 16, RW_SINGLE = 2, X16 = 0; /* 2 rows share each x read */
+    static constexpr int DTYPE = CU_Q8_0, VALS = 16, RW_SINGLE = 2, X16 = 0, MINB = 0; /* 2 rows share each x read */
     static constexpr double BYTES = 17.0;
     struct unit {
         uint4 q;
@@ -124,7 +124,7 @@ struct fmt_q8_0 {
  * y . x = d sc (q . x) - dmin mn sum(x) with the sums of x per unit made
  * once per launch. */
 struct fmt_q4_k {
-    static constexpr int DTYPE = CU_Q4_K, VALS = 32, RW_SINGLE = 2, X16 = 0;
+    static constexpr int DTYPE = CU_Q4_K, VALS = 32, RW_SINGLE = 2, X16 = 0, MINB = 0;
     static constexpr double BYTES = 18.0;
     struct unit {
         uint4 q, h;
@@ -220,7 +220,9 @@ __device__ __forceinline__ int dot8_x16(const uint4 &x, uint32_t w0, uint32_t w1
 }
 
 struct fmt_q8_0_x16 : fmt_q8_0 {
-    static constexpr int X16 = 1;
+    /* MINB 2: <= 128 registers, two blocks an SM where the NV 5 kernels took
+     * 127-140 and one (no spills; down projection 12.4 -> 11.2 us, run 10) */
+    static constexpr int X16 = 1, MINB = 2;
     /* xs4: the xq area; aux: xd then xs (by 32-value groups) */
     __device__ static float dot(const unit &u, const float4 *xs4, const float *aux, int i, int nvec, float acc)
     {
@@ -233,7 +235,7 @@ struct fmt_q8_0_x16 : fmt_q8_0 {
 /* A Q4_K unit's 32 nibbles: byte t holds value t (low) and 16 + t (high);
  * masked to bytes 0..15 they are the int8 dp2a operand (no sign to fix) */
 struct fmt_q4_k_x16 : fmt_q4_k {
-    static constexpr int X16 = 1;
+    static constexpr int X16 = 1; /* (MINB 0: capped at 128 registers its NV 4-5 kernels spill) */
     __device__ static float dot(const unit &u, const float4 *xs4, const float *aux, int i, int nvec, float acc)
     {
         const uint4 *xq = (const uint4 *)xs4;
@@ -347,8 +349,10 @@ __device__ __forceinline__ void load_x16(const cu_fgemv_args &a, uint4 *xq, floa
  * registers), before the current one's products: a quantized unit costs
  * tens of instructions, and with one block an SM (their register counts)
  * the products and the next loads' latency would otherwise not overlap. */
+/* F::MINB: the launch bounds' minimum blocks an SM (0: none given, as
+ * __launch_bounds__(FG_THREADS) alone; 1 would still change the code) */
 template <typename F, int NV, int KS, bool PAIR, bool DB>
-__global__ void __launch_bounds__(FG_THREADS) fgemv_kernel(cu_fgemv_args a)
+__global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_args a)
 {
     constexpr int RW = F::RW_SINGLE > 1 && !PAIR ? F::RW_SINGLE : 1; /* rows a warp, single matrices */
     constexpr int NR = PAIR ? 2 : RW;
