@@ -128,8 +128,7 @@ int main(int argc, char **argv)
            (wbytes + kv) / step / 1e12, 100.0 * floor_s / step, floor_s * 1e3, 1.0 / floor_s);
     printf("decode without logits (layers only) %ld tokens at context %ld..%ld: %.3f ms/token; head + copy + host "
            "round trip %.1f us/token\n",
-           decode, prefill + decode, prefill + 2 * decode, t_dev / decode * 1e3, decode / t_dev,
-           (step - t_dev / decode) * 1e6);
+           decode, prefill + decode, prefill + 2 * decode, t_dev / decode * 1e3, (step - t_dev / decode) * 1e6);
     printf("RESULT prefill=%ld prefill_tok_s=%.1f decode_tok_s=%.2f ms_per_token=%.4f tb_s=%.3f pct_floor=%.1f\n", prefill,
            prefill / t_pre, 1.0 / step, step * 1e3, (wbytes + kv) / step / 1e12, 100.0 * floor_s / step);
     free(ids);

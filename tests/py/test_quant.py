@@ -82,13 +82,7 @@ def quantized(src):
     return out
 
 
-def spark_logits(path, tmp, *extra):
-    out = tmp / "logits.npy"
-    run_spark(["logits", path, "--ids", ",".join(map(str, IDS)), "--out", out, "--all", *extra])
-    return np.load(out).astype(np.float64)
-
-
-def spark_logits_ids(path, ids, tmp, *extra):
+def spark_logits(path, tmp, *extra, ids=IDS):
     out = tmp / "logits.npy"
     run_spark(["logits", path, "--ids", ",".join(map(str, ids)), "--out", out, "--all", *extra])
     return np.load(out).astype(np.float64)
@@ -144,9 +138,9 @@ def test_int16_x_rounding_against_numpy(fmt, tmp_path, monkeypatch):
     path (SPARK_INT8_DOT=0) the reverse. Elsewhere (no int16 kernels) both
     runs take the float path and only the second check applies."""
     path, ids, exact, x16, gap = head_only_case(tmp_path, fmt)
-    got = spark_logits_ids(path, ids, tmp_path, "--mode", "decode")
+    got = spark_logits(path, tmp_path, "--mode", "decode", ids=ids)
     monkeypatch.setenv("SPARK_INT8_DOT", "0")
-    flt = spark_logits_ids(path, ids, tmp_path, "--mode", "decode")
+    flt = spark_logits(path, tmp_path, "--mode", "decode", ids=ids)
     e_flt = max(rel_l2(flt[i], exact[i]) for i in range(len(ids)))
     assert e_flt <= 0.1 * gap, f"{fmt} float x: {e_flt:.3g} from the exact product (gap {gap:.3g})"
     if platform.machine() in ("x86_64", "AMD64"):

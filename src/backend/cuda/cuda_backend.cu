@@ -196,14 +196,6 @@ void cuda_release(backend *be, float *buf)
     CK(cudaFree(buf));
 }
 
-/* buf's count floats into host_dst, waiting for the stream. (A page-locked
- * bounce buffer for the logits measured the same: bench/cuda_runs.md run 10.) */
-void download_wait(cuda_backend *cb, float *host_dst, const float *buf, size_t count)
-{
-    CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
-    CK(cudaStreamSynchronize(cb->st));
-}
-
 double host_now()
 {
     struct timespec t;
@@ -211,24 +203,23 @@ double host_now()
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The copy waits for the stream; phase timing counts that wait as the host's
+ * wait for the device, SPARK_CUDA_VERBOSE as the step's download. (A
+ * page-locked bounce buffer for the logits measured the same: bench/cuda_runs.md
+ * run 10.) */
 void cuda_download(backend *be, float *host_dst, const float *buf, size_t count)
 {
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
     flush(cb);
-    if (!be->timing) {
-        const double t0 = cb->verbose ? host_now() : 0;
-        download_wait(cb, host_dst, buf, count);
-        if (cb->verbose) cb->host_wait += host_now() - t0;
-        return;
-    }
-    /* phase timing: the host's wait for the device (a copy into pageable
-     * memory already waits for the stream) */
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    download_wait(cb, host_dst, buf, count);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    be->device_wait += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    const bool timed = be->timing || cb->verbose;
+    const double t0 = timed ? host_now() : 0;
+    CK(cudaMemcpyAsync(host_dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, cb->st));
+    CK(cudaStreamSynchronize(cb->st));
+    if (!timed) return;
+    const double dt = host_now() - t0;
+    if (be->timing) be->device_wait += dt;
+    if (cb->verbose) cb->host_wait += dt;
 }
 
 void cuda_destroy(backend *be)

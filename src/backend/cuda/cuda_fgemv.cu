@@ -249,9 +249,8 @@ struct fmt_q4_k_x16 : fmt_q4_k {
             sl = dot8_x16(xl, w[k] & 0x0f0f0f0fu, w[k + 1] & 0x0f0f0f0fu, sl);
             sh = dot8_x16(xh, (w[k] >> 4) & 0x0f0f0f0fu, (w[k + 1] >> 4) & 0x0f0f0f0fu, sh);
         }
-        const int ng = nvec; /* one group a unit */
-        acc = fmaf(a * aux[i], (float)(sl + sh), acc);
-        return fmaf(-m, aux[ng + i], acc); /* - dmin * mn * (d * sum q) */
+        acc = fmaf(a * aux[i], (float)(sl + sh), acc); /* one 32-value group a unit: nvec groups */
+        return fmaf(-m, aux[nvec + i], acc); /* - dmin * mn * (d * sum q) */
     }
 };
 

@@ -385,22 +385,6 @@ bool mega_run(cuda_backend *cb)
     return true;
 }
 
-void launch_step(cuda_backend *cb);
-
-/* Run the recorded step, if any. */
-void flush(cuda_backend *cb)
-{
-    if (!cb->recording) return;
-    cb->recording = 0;
-    const double t0 = cb->verbose ? host_now() : 0;
-    if (cb->verbose) {
-        cb->host_record += t0 - cb->host_t0;
-        cb->host_steps++;
-    }
-    launch_step(cb);
-    if (cb->verbose) cb->host_flush += host_now() - t0;
-}
-
 /* The recorded step: as the persistent kernel, a replay of the current
  * graph, or a new capture. */
 void launch_step(cuda_backend *cb)
@@ -428,6 +412,20 @@ void launch_step(cuda_backend *cb)
     CK(cudaGraphLaunch(cb->exec, cb->st));
     cb->replays++;
     cb->att_step_runs += cb->graph_att_steps;
+}
+
+/* Run the recorded step, if any. */
+void flush(cuda_backend *cb)
+{
+    if (!cb->recording) return;
+    cb->recording = 0;
+    const double t0 = cb->verbose ? host_now() : 0;
+    if (cb->verbose) {
+        cb->host_record += t0 - cb->host_t0;
+        cb->host_steps++;
+    }
+    launch_step(cb);
+    if (cb->verbose) cb->host_flush += host_now() - t0;
 }
 
 /* A command from an op: recorded inside a single-token step, else launched. */
