@@ -10,6 +10,10 @@
  * physical limit the bytes each decode step must read: every weight once,
  * plus the KV rows attention reads at the reached context (fp32 cache).
  * Floor = those bytes / 4.24 TB/s (the H200's measured copy bandwidth, issue 6).
+ * Then D tokens of greedy generation through spark_generate (no tokenizer:
+ * ids only; EOS ignored), what `spark run --temp 0` does per token: with the
+ * backend's device pick unless SPARK_PICK=0 (then logits copied back and
+ * the host sampler's argmax).
  * The first eval of each kind is a warm-up and is not timed.
  */
 #include "spark.h"
@@ -63,8 +67,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!path || prefill < 1 || decode < 1 || prefill + 2 * decode + 16 > ctx) {
-        fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] (P + 2 D + 16 <= N)\n");
+    if (!path || prefill < 1 || decode < 1 || prefill + 3 * decode + 16 > ctx) {
+        fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] (P + 3 D + 16 <= N)\n");
         return 2;
     }
     double t0 = now();
@@ -109,6 +113,19 @@ int main(int argc, char **argv)
             die("decode without logits");
     double t_dev = now() - a;
 
+    /* greedy generation of `decode` tokens after one more prompt token */
+    spark_sampler_params sp = spark_sampler_default_params();
+    sp.temperature = 0;
+    spark_sampler *greedy;
+    if (spark_sampler_create(&sp, c->n_vocab, &greedy) != SPARK_OK) die("sampler");
+    spark_generate_params gp = {.max_tokens = (int32_t)decode, .ignore_eos = 1};
+    spark_generate_result gr;
+    if (spark_generate(s, NULL, greedy, ids + prefill + 2 * decode, 1, &gp, &gr) != SPARK_OK) die("generate");
+    spark_sampler_free(greedy);
+    double t_gen = gr.generate_seconds / (double)gr.n_generated;
+    const char *pk = getenv("SPARK_PICK");
+    int device_pick = !(pk && !strcmp(pk, "0"));
+
     double wbytes = (double)spark_model_weight_bytes(model);
     double kv = 0;
     for (long i = 0; i < decode; i++) kv += kv_bytes(c, prefill + i);
@@ -129,6 +146,10 @@ int main(int argc, char **argv)
     printf("decode without logits (layers only) %ld tokens at context %ld..%ld: %.3f ms/token; head + copy + host "
            "round trip %.1f us/token\n",
            decode, prefill + decode, prefill + 2 * decode, t_dev / decode * 1e3, (step - t_dev / decode) * 1e6);
+    printf("generate (greedy, spark_generate, %s) %d tokens from context %ld: %.3f ms/token, %.1f tok/s, "
+           "%.1f%% of the floor\n",
+           device_pick ? "device pick" : "SPARK_PICK=0: logits to the host sampler", gr.n_generated,
+           prefill + 2 * decode + 1, t_gen * 1e3, 1.0 / t_gen, 100.0 * floor_s / t_gen);
     printf("RESULT prefill=%ld prefill_tok_s=%.1f decode_tok_s=%.2f ms_per_token=%.4f tb_s=%.3f pct_floor=%.1f\n", prefill,
            prefill / t_pre, 1.0 / step, step * 1e3, (wbytes + kv) / step / 1e12, 100.0 * floor_s / step);
     free(ids);

@@ -52,7 +52,7 @@ for cfg in "${CONFIGS[@]}"; do
     label=${cfg%%:*}
     vars=${cfg#*:}
     line=$(env $(echo "$vars" | tr ',' ' ') timeout 90 "$BIN/cuda_bench" /tmp/m4b --ctx 4096 --prefill 512 --decode 256 2>&1 |
-        tee -a "$OUT/bench.log" | grep -E "^decode|rror" | head -2 | tr '\n' ' ')
+        tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -3 | tr '\n' ' ')
     note "$label [$vars]: $line"
 done
 if [ "${QUANT:-0}" = 1 ]; then # the 36-layer 4B shape quantized here, decoded with and without the fast path
@@ -63,7 +63,7 @@ if [ "${QUANT:-0}" = 1 ]; then # the 36-layer 4B shape quantized here, decoded w
         for cfg in "${QCONFIGS[@]}"; do
             vars=$(echo "${cfg#*:}" | tr ',' ' ')
             line=$(env $vars timeout 120 "$BIN/cuda_bench" /tmp/m4b-$fmt.gguf --ctx 4096 --prefill 512 --decode 256 2>&1 |
-                tee -a "$OUT/bench.log" | grep -E "^decode|rror" | head -2 | tr '\n' ' ')
+                tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -3 | tr '\n' ' ')
             note "$fmt ${cfg%%:*} [${cfg#*:}]: $line"
         done
         for cfg in "${QCONFIGS[@]}"; do
@@ -88,15 +88,15 @@ if [ "$MODE" = full ]; then
         label=${cfg%%:*}
         vars=${cfg#*:}
         line=$(env $(echo "$vars" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" /tmp/m4b --ctx 32800 --prefill 32512 --decode 128 2>&1 |
-            tee -a "$OUT/bench.log" | grep -E "^(decode|prefill)|rror" | tr '\n' ' ')
+            tee -a "$OUT/bench.log" | grep -E "^(decode|prefill|generate)|rror" | tr '\n' ' ')
         note "ctx 32k $label [$vars]: $line"
     done
 fi
 
 if [ "${TESTS:-1}" = 1 ]; then
 stamp "tests"
-PYTHONPATH=tools:tests/py timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
-    tests/py/test_cuda_hooks.py tests/py/test_bench.py >"$OUT/tests.log" 2>&1
+PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
+    tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py >"$OUT/tests.log" 2>&1
 tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
 grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
 grep -E "floor|tok/s" "$OUT/tests.log" | head -5 >>"$SUMMARY"
@@ -111,4 +111,7 @@ note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     "$SPARK_BIN" logits /tmp/tiny-q4k.gguf --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$OUT/sanitizer-q4k.log" 2>&1
 note "memcheck (spark-tiny q4_k): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-q4k.log" | tail -1)"
+timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    "$SPARK_BIN" run -m models/spark-tiny -p "And God said," -n 12 --temp 0 --stop the --gpu >"$OUT/sanitizer-pick.log" 2>&1
+note "memcheck (spark-tiny greedy run, device pick): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-pick.log" | tail -1)"
 stamp done

@@ -594,7 +594,12 @@ typedef struct spark_generate_result {
  * holds, and generate with `sampler` until a finish condition. Every
  * generated token except the final EOS / stop token is evaluated into the
  * cache, so a caller continuing a chat appends the EOS itself. Prompt tokens
- * are fed to the sampler's penalty history too. */
+ * are fed to the sampler's penalty history too. tok may be NULL: no text
+ * then (on_token gets each id with empty text; stop strings are refused).
+ * A plain greedy sampler (temperature 0, no bias or penalties) lets the
+ * backend choose each token where the logits are (on a GPU they are never
+ * copied back, and the next step runs while the host handles this one); the
+ * tokens are the same as the sampler's. */
 spark_status spark_generate(spark_session *session, const spark_tokenizer *tok, spark_sampler *sampler,
                             const int32_t *prompt, int32_t n_prompt, const spark_generate_params *params,
                             spark_generate_result *result);

@@ -61,7 +61,8 @@ typedef struct backend_ops {
     void (*download)(backend *be, float *host_dst, const float *buf, size_t count);
     void (*destroy)(backend *be);
 
-    /* out[t] = table row ids[t] (as float32) */
+    /* out[t] = table row ids[t] (as float32); ids == NULL (n == 1, backends
+     * with pick): the row of the last pick's id */
     void (*embed)(backend *be, float *out, const weight_ref *table, const int32_t *ids, int n);
     /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w */
     void (*rmsnorm)(backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
@@ -107,6 +108,21 @@ typedef struct backend_ops {
      * out[0..count) and zeroes them; it synchronizes. */
     void (*stamp)(backend *be, int phase);
     void (*device_times)(backend *be, double *out, int count);
+
+    /* ---- greedy decoding with the logits kept where they are (optional:
+     * NULL where a backend has none; engine/generate.c then downloads the
+     * logits and samples on the host). pick: the first index of the largest
+     * of logits[0..count) that is > -inf (NaN never wins; none: -1), the
+     * host sampler's greedy rule, becomes the id that the next
+     * embed(ids = NULL, n = 1) reads and joins a queue of picks (at most
+     * two); pick_read takes the oldest pick's id off the queue (waiting for
+     * it); pick_drop empties the queue. pick_ahead: 1 when a step issued
+     * before the host reads the pick it consumes overlaps the host's work
+     * (asynchronous device backends), 0 when ops run as they are called. */
+    void (*pick)(backend *be, const float *logits, int count);
+    int32_t (*pick_read)(backend *be);
+    void (*pick_drop)(backend *be);
+    int pick_ahead;
 } backend_ops;
 
 
@@ -117,6 +133,10 @@ struct backend {
     int timing;        /* phase timing is on: measure device_wait */
     double device_wait; /* seconds the host blocked on the device (download), while timing */
 };
+
+/* The host sampler's greedy rule (engine/sampler.c), which every pick
+ * follows: the first index of the largest value > -inf, or -1. */
+int32_t greedy_pick(const float *x, int32_t count);
 
 /* The CPU backend (backend/cpu). n_threads <= 0: all cores. */
 spark_status backend_cpu_create(int n_threads, backend **out);

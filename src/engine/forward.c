@@ -71,7 +71,9 @@ static void ffn_block(spark_session *s, const layer_weights *L, int layer, int n
 }
 
 /* Final norm and tied head, for the last row only or for every row, in
- * groups of HEAD_ROWS so the logits scratch stays small (131k floats a row). */
+ * groups of HEAD_ROWS so the logits scratch stays small (131k floats a row).
+ * logits == NULL: the last row's logits stay in the backend and its greedy
+ * pick is queued there instead (be->pick). */
 static void head(spark_session *s, int n, float *logits, int all_positions)
 {
     const spark_model *m = s->model;
@@ -83,6 +85,10 @@ static void head(spark_session *s, int n, float *logits, int all_positions)
         be->rmsnorm(s->be, a->xn, a->x + (int64_t)first * c->n_embd, m->final_norm, rows, c->n_embd, c->rms_eps);
         be->matmul(s->be, a->logits, a->xn, &m->head, rows);
         if (s->hooks.timing) hooks_stamp(s, PHASE_HEAD); /* device timing: before the copy waits */
+        if (!logits) {
+            be->pick(s->be, a->logits, c->n_vocab);
+            return;
+        }
         be->download(s->be, logits, a->logits, (size_t)rows * (size_t)c->n_vocab);
         logits += (size_t)rows * (size_t)c->n_vocab;
     }
@@ -97,12 +103,14 @@ static void lap(spark_session *s, double *sum, double *mark)
     *mark = now;
 }
 
-spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *logits, int all_positions)
+/* The chunk through every layer; head: 0 none, 1 logits into `logits`, 2 a pick. */
+static spark_status forward(spark_session *s, const int32_t *ids, int n, int want_head, float *logits,
+                            int all_positions)
 {
     const spark_model *m = s->model;
     spark_phase_times *t = &s->hooks.times;
     double mark = s->hooks.timing ? hooks_now() : 0;
-    ASSERT(n > 0 && n <= s->n_batch && s->pos + n <= s->n_ctx);
+    ASSERT(n > 0 && n <= s->n_batch && s->pos + n <= s->n_ctx && (ids || n == 1));
     int layer_hooks = hooks_any_layer_hook(&s->hooks);
     if (s->hooks.capture.on) hooks_before_chunk(s, n, s->pos); /* device backends: staging */
 
@@ -123,11 +131,22 @@ spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *l
         }
         lap(s, &t->hooks, &mark);
     }
-    if (logits) head(s, n, logits, all_positions);
+    if (want_head) head(s, n, want_head == 2 ? NULL : logits, all_positions);
     if (s->hooks.capture.on) hooks_after_chunk(s, s->pos); /* device backends: captured rows back */
     lap(s, &t->head, &mark);
     t->tokens += n;
     t->calls++;
     s->pos += n;
     return SPARK_OK;
+}
+
+spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *logits, int all_positions)
+{
+    return forward(s, ids, n, logits != NULL, logits, all_positions);
+}
+
+spark_status forward_chunk_pick(spark_session *s, const int32_t *ids, int n)
+{
+    ASSERT(s->be->ops->pick);
+    return forward(s, ids, n, 2, NULL, 0);
 }

@@ -108,6 +108,15 @@ static int emit_token(gen_state *g, int32_t id, spark_status *st)
 {
     const char *piece;
     size_t len;
+    *st = SPARK_OK;
+    if (!g->dt) { /* no tokenizer: ids only */
+        const spark_generate_params *p = g->p;
+        if (p->on_token && p->on_token(p->user, id, "", 0)) {
+            g->r->finish = SPARK_FINISH_CANCELLED;
+            return 1;
+        }
+        return 0;
+    }
     *st = spark_detokenizer_push(g->dt, id, &piece, &len);
     if (*st == SPARK_OK) *st = holdback_append(&g->hold, piece, len);
     if (*st != SPARK_OK) return 1;
@@ -158,20 +167,91 @@ static spark_status generate_loop(gen_state *g)
     }
 }
 
+/* Greedy decoding where the backend picks (be->pick): the logits never leave
+ * it, and on an asynchronous backend (pick_ahead) the step that consumes a
+ * pick is issued before the host reads that pick, so the device runs the
+ * next step while the host detokenizes, checks stops and records. A step
+ * issued for a token that turns out to end generation is taken back
+ * (pick_undo: the position steps back; the cache row it wrote is one a
+ * later token overwrites, no further back than a rewind's slack allows).
+ * On entry one pick is queued: the id of the token at s->pos, not yet
+ * evaluated. `room`: another token may follow this one. *ahead: the step
+ * consuming it was issued. */
+static spark_status pick_next(spark_session *s, int room, int *ahead, int32_t *id)
+{
+    const backend_ops *be = s->be->ops;
+    *ahead = be->pick_ahead && room;
+    if (*ahead) TRY(session_step_picked(s, -1));
+    *id = be->pick_read(s->be);
+    if (*ahead) s->tokens[s->pos - 1] = *id;
+    return SPARK_OK;
+}
+
+static void pick_undo(spark_session *s, int ahead)
+{
+    if (!ahead) return;
+    s->be->ops->pick_drop(s->be);
+    s->pos--;
+}
+
+static spark_status generate_picked(gen_state *g)
+{
+    spark_session *s = g->s;
+    const spark_generate_params *p = g->p;
+    spark_status st = SPARK_OK;
+    for (;;) {
+        int room = (p->max_tokens <= 0 || g->r->n_generated + 1 < p->max_tokens) && s->pos + 1 <= s->n_ctx &&
+                   !(p->cancel && *p->cancel);
+        int ahead;
+        int32_t id;
+        TRY(pick_next(s, room, &ahead, &id));
+        int done = 1;
+        if (p->cancel && *p->cancel) g->r->finish = SPARK_FINISH_CANCELLED;
+        else if (id < 0) st = spark_fail(SPARK_ERR_ARG, "sampling: no token has a finite logit");
+        else {
+            spark_sampler_accept(g->sampler, id);
+            g->r->n_generated++;
+            if (is_stop_id(s, p, id)) g->r->finish = SPARK_FINISH_EOS;
+            else if (emit_token(g, id, &st)) (void)0;
+            else if (p->max_tokens > 0 && g->r->n_generated >= p->max_tokens) g->r->finish = SPARK_FINISH_LENGTH;
+            else if (!ahead && s->pos + 1 > s->n_ctx) g->r->finish = SPARK_FINISH_CONTEXT;
+            else done = 0;
+        }
+        if (done) {
+            pick_undo(s, ahead);
+            return st;
+        }
+        if (!ahead) TRY(session_step_picked(s, id));
+    }
+}
+
+/* Whether this generation takes generate_picked: the sampler is plain
+ * greedy, the backend picks, and no instrument watches the steps (they
+ * would see a taken-back step). SPARK_PICK=0: never (the host path, to
+ * compare). */
+static int use_pick(const spark_session *s, const spark_sampler *sampler)
+{
+    const char *env = getenv("SPARK_PICK");
+    if (env && !strcmp(env, "0")) return 0;
+    const hooks *h = &s->hooks;
+    return s->be->ops->pick && spark_sampler_plain_greedy(sampler) && !h->timing && !hooks_any_layer_hook(h) &&
+           !h->ffn;
+}
+
 /* What is still held at the end (a partial stop string that never
  * completed, or bytes of an unfinished character) is shown after all. */
 static void flush_tail(gen_state *g)
 {
     const char *piece;
     size_t len;
-    if (g->r->finish == SPARK_FINISH_STOP || g->r->finish == SPARK_FINISH_CANCELLED) return;
+    if (!g->dt || g->r->finish == SPARK_FINISH_STOP || g->r->finish == SPARK_FINISH_CANCELLED) return;
     if (spark_detokenizer_flush(g->dt, &piece, &len) == SPARK_OK && len) holdback_append(&g->hold, piece, len);
     if (g->hold.len) holdback_release(&g->hold, -1, g->hold.len);
 }
 
 /* The prompt in n_batch pieces, so a cancel (a client gone, Ctrl-C) also
  * stops a long prefill; only the last piece computes logits. */
-static spark_status eval_prompt(spark_session *s, const int32_t *prompt, int32_t n, volatile int *cancel,
+static spark_status eval_prompt(spark_session *s, const int32_t *prompt, int32_t n, int pick, volatile int *cancel,
                                 spark_generate_result *r)
 {
     for (int32_t done = 0; done < n;) {
@@ -181,7 +261,8 @@ static spark_status eval_prompt(spark_session *s, const int32_t *prompt, int32_t
         }
         int32_t piece = n - done < s->n_batch ? n - done : s->n_batch;
         int last = done + piece == n;
-        TRY(spark_session_eval(s, prompt + done, piece, last ? s->logits : NULL, 0));
+        if (last && pick) TRY(session_eval_pick(s, prompt + done, piece));
+        else TRY(spark_session_eval(s, prompt + done, piece, last ? s->logits : NULL, 0));
         done += piece;
         if (s->progress && n > s->n_batch) s->progress(s->progress_user, done, n);
     }
@@ -196,19 +277,23 @@ spark_status spark_generate(spark_session *s, const spark_tokenizer *tok, spark_
     const spark_generate_params *p = params ? params : &none;
     spark_generate_result r = {.n_prompt = n_prompt};
     if (result) *result = r;
-    if (!s || !tok || !sampler || !prompt || n_prompt < 1)
-        return spark_fail(SPARK_ERR_ARG, "spark_generate: needs a session, tokenizer, sampler and >= 1 prompt token");
+    if (!s || !sampler || !prompt || n_prompt < 1)
+        return spark_fail(SPARK_ERR_ARG, "spark_generate: needs a session, sampler and >= 1 prompt token");
+    if (!tok && p->n_stop > 0) return spark_fail(SPARK_ERR_ARG, "spark_generate: stop strings need a tokenizer");
     if (s->pos + n_prompt >= s->n_ctx)
         return spark_fail(SPARK_ERR_CONTEXT,
                           "the prompt (%d tokens, after %lld already in the session) leaves no room to generate in a "
                           "context of %d", n_prompt, (long long)s->pos, s->n_ctx);
     gen_state g = {.s = s, .sampler = sampler, .p = p, .hold = {.p = p}, .r = &r};
-    TRY(spark_detokenizer_create(tok, p->decode_flags, &g.dt));
+    if (tok) TRY(spark_detokenizer_create(tok, p->decode_flags, &g.dt));
     double t0 = now_seconds();
-    spark_status st = eval_prompt(s, prompt, n_prompt, p->cancel, &r);
+    int pick = use_pick(s, sampler);
+    if (pick) s->be->ops->pick_drop(s->be); /* nothing left queued by an earlier failure */
+    spark_status st = eval_prompt(s, prompt, n_prompt, pick, p->cancel, &r);
     for (int32_t i = 0; i < n_prompt; i++) spark_sampler_accept(sampler, prompt[i]);
     double t1 = now_seconds();
-    if (st == SPARK_OK && r.finish != SPARK_FINISH_CANCELLED) st = generate_loop(&g);
+    if (st == SPARK_OK && r.finish != SPARK_FINISH_CANCELLED) st = pick ? generate_picked(&g) : generate_loop(&g);
+    else if (pick) s->be->ops->pick_drop(s->be); /* cancelled in the prompt, or it failed */
     if (st == SPARK_OK) flush_tail(&g);
     r.prompt_seconds = t1 - t0;
     r.generate_seconds = now_seconds() - t1;

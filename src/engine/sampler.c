@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "base/mem.h"
+#include "engine/backend.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -169,10 +170,10 @@ static void apply_bias_and_penalties(spark_sampler *s, const float *logits)
     }
 }
 
-static int32_t argmax(const float *x, int32_t n)
+int32_t greedy_pick(const float *x, int32_t count)
 {
     int32_t best = -1;
-    for (int32_t i = 0; i < n; i++)
+    for (int32_t i = 0; i < count; i++)
         if (x[i] > -INFINITY && (best < 0 || x[i] > x[best])) best = i;
     return best;
 }
@@ -217,7 +218,7 @@ static int32_t gather_candidates(spark_sampler *s)
 {
     const spark_sampler_params *p = &s->p;
     float inv_t = 1.0f / p->temperature;
-    int32_t best = argmax(s->work, s->n_vocab);
+    int32_t best = greedy_pick(s->work, s->n_vocab);
     if (best < 0) return 0;
     float floor = p->min_p > 0 ? s->work[best] * inv_t + logf(p->min_p) : -INFINITY;
     int32_t n = 0;
@@ -249,10 +250,17 @@ static int32_t apply_top_p(spark_sampler *s, int32_t n, double max_logit, double
     }
 }
 
+int spark_sampler_plain_greedy(const spark_sampler *s)
+{
+    const spark_sampler_params *p = &s->p;
+    return p->temperature == 0 && p->n_logit_bias == 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f;
+}
+
 int32_t spark_sampler_sample(spark_sampler *s, const float *logits)
 {
     apply_bias_and_penalties(s, logits);
-    if (s->p.temperature == 0) return argmax(s->work, s->n_vocab);
+    if (s->p.temperature == 0) return greedy_pick(s->work, s->n_vocab);
     int32_t n = gather_candidates(s);
     if (n == 0) return -1;
     double max_logit = -INFINITY, total = 0;

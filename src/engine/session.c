@@ -272,7 +272,11 @@ int32_t spark_session_pos(const spark_session *s) { return (int32_t)s->pos; }
 int32_t spark_session_n_ctx(const spark_session *s) { return s->n_ctx; }
 void spark_session_reset(spark_session *s) { s->pos = 0; }
 
-spark_status spark_session_eval(spark_session *s, const int32_t *ids, int32_t n, float *logits, int all_positions)
+/* ids through the model in n_batch chunks; the last chunk ends in logits
+ * (into `logits`, unless NULL) or, with pick, in a greedy pick queued in the
+ * backend. */
+static spark_status eval_chunks(spark_session *s, const int32_t *ids, int32_t n, float *logits, int all_positions,
+                                int pick)
 {
     spark_clear_error();
     const spark_model_config *c = &s->model->cfg;
@@ -291,11 +295,34 @@ spark_status spark_session_eval(spark_session *s, const int32_t *ids, int32_t n,
         if (logits && all_positions) out = logits + (size_t)done * (size_t)c->n_vocab;
         if (logits && !all_positions && last) out = logits;
         memcpy(s->tokens + s->pos, ids + done, (size_t)chunk * sizeof(int32_t));
-        TRY(forward_chunk(s, ids + done, chunk, out, all_positions));
+        if (pick && last) TRY(forward_chunk_pick(s, ids + done, chunk));
+        else TRY(forward_chunk(s, ids + done, chunk, out, all_positions));
         done += chunk;
         if (s->progress && n > s->n_batch) s->progress(s->progress_user, done, n);
     }
     return SPARK_OK;
+}
+
+spark_status spark_session_eval(spark_session *s, const int32_t *ids, int32_t n, float *logits, int all_positions)
+{
+    return eval_chunks(s, ids, n, logits, all_positions, 0);
+}
+
+spark_status session_eval_pick(spark_session *s, const int32_t *ids, int32_t n)
+{
+    if (!s->be->ops->pick) return spark_fail(SPARK_ERR_UNSUPPORTED, "the %s backend has no device pick", s->be->ops->name);
+    return eval_chunks(s, ids, n, NULL, 0, 1);
+}
+
+spark_status session_step_picked(spark_session *s, int32_t id)
+{
+    spark_clear_error();
+    if (!s->be->ops->pick) return spark_fail(SPARK_ERR_UNSUPPORTED, "the %s backend has no device pick", s->be->ops->name);
+    if (s->pos + 1 > s->n_ctx)
+        return spark_fail(SPARK_ERR_CONTEXT, "1 token at position %lld does not fit in the context of %d",
+                          (long long)s->pos, s->n_ctx);
+    s->tokens[s->pos] = id; /* -1: the caller stores it once it has read the pick */
+    return forward_chunk_pick(s, NULL, 1);
 }
 
 void spark_session_set_progress(spark_session *s, spark_progress_callback cb, void *user)

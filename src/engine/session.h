@@ -48,6 +48,24 @@ const rope_class *rope_for_layer(const spark_session *s, int layer);
  * with all_positions. Advances pos. */
 spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *logits, int all_positions);
 
+/* The same, with the last row's greedy pick queued in the backend instead of
+ * logits (backends with pick). ids == NULL (n == 1): the token is the
+ * backend's last pick, the id of which the caller stores in tokens[] once
+ * it has read it. */
+spark_status forward_chunk_pick(spark_session *s, const int32_t *ids, int n);
+
+/* spark_session_eval's checks and chunks, the last chunk ending in a pick
+ * (engine/generate.c's greedy path). */
+spark_status session_eval_pick(spark_session *s, const int32_t *ids, int32_t n);
+
+/* One token whose id is the backend's last pick, ending in a pick of its
+ * own; id: that pick's id when the caller has read it, else -1. */
+spark_status session_step_picked(spark_session *s, int32_t id);
+
+/* The sampler only takes the largest logit (temperature 0, no bias, no
+ * penalties): a pick decides exactly what it would (engine/sampler.c). */
+int spark_sampler_plain_greedy(const spark_sampler *s);
+
 /* The device-memory accounting of a CUDA session with options o on a device
  * with free_bytes / total_bytes: bytes it needs with its context full
  * (weights, KV cache, scratch, backend scratch), the margin kept free, and

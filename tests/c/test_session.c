@@ -2,7 +2,9 @@
  * test_session.c — the session API on the trained spark-tiny model
  * (models/spark-tiny, window 64): rewinding past a wrapped sliding ring
  * gives the logits of never having gone further (to float32 rounding); the context
- * limit is a clean error that changes nothing; reset starts over.
+ * limit is a clean error that changes nothing; reset starts over; greedy
+ * spark_generate without a tokenizer gives the ids that stepping the logits
+ * by hand does, and leaves the cache as if the last id was never fed.
  */
 #include "check.h"
 
@@ -90,6 +92,103 @@ static void test_context_limit_changes_nothing(void)
     spark_session_free(s);
 }
 
+/* The greedy rule, written out here: the first index of the largest finite-or-+inf value. */
+static int32_t first_max(const float *x, int32_t n)
+{
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] > -INFINITY && (best < 0 || x[i] > x[best])) best = i;
+    return best;
+}
+
+typedef struct id_list {
+    int32_t id[64];
+    int n;
+} id_list;
+
+static int collect(void *user, int32_t id, const char *text, size_t len)
+{
+    id_list *l = user;
+    CHECK(text && len == 0);
+    if (l->n < 64) l->id[l->n++] = id;
+    return 0;
+}
+
+/* n greedy ids after prompt[0..np) by hand: eval, argmax, eval the id, ... */
+static void greedy_by_hand(const int32_t *prompt, int np, int n, int32_t *out)
+{
+    int32_t vocab = spark_model_get_config(model)->n_vocab;
+    float *logits = malloc((size_t)vocab * sizeof(float));
+    spark_session *s;
+    CHECK(spark_session_create(model, NULL, &s) == SPARK_OK);
+    CHECK(spark_session_eval(s, prompt, np, logits, 0) == SPARK_OK);
+    for (int i = 0; i < n; i++) {
+        out[i] = first_max(logits, vocab);
+        if (i + 1 < n) CHECK(spark_session_eval(s, &out[i], 1, logits, 0) == SPARK_OK);
+    }
+    spark_session_free(s);
+    free(logits);
+}
+
+static void test_greedy_generate_without_tokenizer(void)
+{
+    enum { NP = 20, NG = 40 };
+    int32_t want[NG];
+    greedy_by_hand(ids, NP, NG, want);
+    spark_sampler_params sp = spark_sampler_default_params();
+    sp.temperature = 0;
+    spark_sampler *greedy;
+    CHECK(spark_sampler_create(&sp, spark_model_get_config(model)->n_vocab, &greedy) == SPARK_OK);
+    spark_session *s;
+    CHECK(spark_session_create(model, NULL, &s) == SPARK_OK);
+    id_list got = {.n = 0};
+    spark_generate_params gp = {.max_tokens = NG, .ignore_eos = 1, .on_token = collect, .user = &got};
+    spark_generate_result r;
+    CHECK(spark_generate(s, NULL, greedy, ids, NP, &gp, &r) == SPARK_OK);
+    CHECK(r.finish == SPARK_FINISH_LENGTH && r.n_generated == NG && got.n == NG);
+    CHECK(memcmp(got.id, want, sizeof want) == 0);
+    CHECK(spark_session_pos(s) == NP + NG - 1); /* the last id is not fed */
+
+    /* a stop id ends it early; the cache then holds the prompt and the ids
+     * before the stop, and continues exactly like a fresh evaluation */
+    int k = 0; /* the first place the id at 17 occurs */
+    while (want[k] != want[17]) k++;
+    spark_session_reset(s);
+    got.n = 0;
+    gp.stop_ids = &want[k];
+    gp.n_stop_ids = 1;
+    CHECK(spark_generate(s, NULL, greedy, ids, NP, &gp, &r) == SPARK_OK);
+    CHECK_MSG(r.finish == SPARK_FINISH_EOS && r.n_generated == k + 1, "finish %d after %d", r.finish, r.n_generated);
+    CHECK(spark_session_pos(s) == NP + k);
+    int32_t vocab = spark_model_get_config(model)->n_vocab;
+    float *a = malloc((size_t)vocab * sizeof(float));
+    int32_t next = 77;
+    CHECK(spark_session_eval(s, &next, 1, a, 0) == SPARK_OK);
+    int32_t joined[NP + NG + 1];
+    memcpy(joined, ids, NP * sizeof(int32_t));
+    memcpy(joined + NP, want, (size_t)k * sizeof(int32_t));
+    joined[NP + k] = next;
+    CHECK(memcmp(spark_session_tokens(s), joined, (size_t)(NP + k + 1) * sizeof(int32_t)) == 0);
+    float *b = eval_fresh(joined, NP + k + 1, vocab);
+    double diff = 0, norm = 0;
+    for (int32_t v = 0; v < vocab; v++) {
+        diff += ((double)a[v] - b[v]) * ((double)a[v] - b[v]);
+        norm += (double)b[v] * b[v];
+    }
+    CHECK_MSG(sqrt(diff / norm) < 1e-5, "relative L2 %g", sqrt(diff / norm));
+
+    /* no tokenizer, no stop strings */
+    const char *stop = "x";
+    gp.stop = &stop;
+    gp.n_stop = 1;
+    CHECK(spark_generate(s, NULL, greedy, ids, 2, &gp, &r) == SPARK_ERR_ARG);
+    CHECK_ERROR_MENTIONS("tokenizer");
+    free(a);
+    free(b);
+    spark_session_free(s);
+    spark_sampler_free(greedy);
+}
+
 int main(void)
 {
     if (spark_model_load(MODEL, &model) != SPARK_OK) {
@@ -101,6 +200,7 @@ int main(void)
     RUN(test_rewind_past_a_wrapped_ring);
     RUN(test_rewind_within_the_ring_slack);
     RUN(test_context_limit_changes_nothing);
+    RUN(test_greedy_generate_without_tokenizer);
     spark_model_free(model);
     CHECK_EXIT();
 }

@@ -107,6 +107,7 @@ static void parallel_range(cpu_backend *cb, range_fn fn, const void *ctx, int64_
 
 static void cpu_embed(backend *be, float *out, const weight_ref *table, const int32_t *ids, int n)
 {
+    if (!ids) ids = &cpu_of(be)->last_pick;
     size_t rb = (size_t)dtype_row_bytes(table->dtype, (uint64_t)table->cols);
     for (int t = 0; t < n; t++) {
         const uint8_t *row = (const uint8_t *)table->data + (size_t)ids[t] * rb;
@@ -281,6 +282,28 @@ static void cpu_kv_store(backend *be, kv_layer *cache, const float *qkv, int64_t
     }
 }
 
+/* ---- greedy picks (backend.h): on the host buffer, as the sampler would ---- */
+
+static void cpu_pick(backend *be, const float *logits, int count)
+{
+    cpu_backend *cb = cpu_of(be);
+    ASSERT(cb->n_picks < 2);
+    cb->last_pick = greedy_pick(logits, count);
+    cb->picks[cb->n_picks++] = cb->last_pick;
+}
+
+static int32_t cpu_pick_read(backend *be)
+{
+    cpu_backend *cb = cpu_of(be);
+    ASSERT(cb->n_picks > 0);
+    int32_t id = cb->picks[0];
+    cb->picks[0] = cb->picks[1];
+    cb->n_picks--;
+    return id;
+}
+
+static void cpu_pick_drop(backend *be) { cpu_of(be)->n_picks = 0; }
+
 static const backend_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -296,6 +319,10 @@ static const backend_ops cpu_ops = {
     .gate_heads = cpu_gate_heads,
     .gelu_mul = cpu_gelu_mul,
     .add = cpu_add,
+    .pick = cpu_pick,
+    .pick_read = cpu_pick_read,
+    .pick_drop = cpu_pick_drop,
+    .pick_ahead = 0, /* every op has finished when it returns: nothing to overlap */
 };
 
 spark_status backend_cpu_create(int n_threads, backend **out)

@@ -37,6 +37,9 @@ typedef struct cpu_backend {
     uint16_t *amx_x;     /* the activations' bf16 parts for the AMX prefill (amx.c) */
     size_t amx_x_cap;    /* values */
     rope_table rope[2];
+    int32_t picks[2];    /* queued greedy picks, oldest first (backend.h's pick) */
+    int n_picks;
+    int32_t last_pick;   /* the id embed(ids = NULL) reads */
 } cpu_backend;
 
 static inline cpu_backend *cpu_of(backend *be) { return (cpu_backend *)be; }

@@ -248,6 +248,10 @@ void cuda_destroy(backend *be)
     free(cb->fq);
     cudaFree(cb->stamps);
     cudaFree(cb->d_pos);
+    cudaFree(cb->pick_keys);
+    cudaFreeHost(cb->pick_host);
+    for (int i = 0; i < 2; i++)
+        if (cb->pick_ev[i]) cudaEventDestroy(cb->pick_ev[i]);
     for (size_t i = 0; i < cb->cap; i++)
         if (cb->tab[i].host) cudaFree(cb->tab[i].dev);
     free(cb->tab);
@@ -368,6 +372,7 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_GELU: CK(cu_gelu_mul(st, c->out, c->x, c->count)); return;
     case OP_ADD: CK(cu_add(st, c->out, c->x, c->count)); return;
     case OP_HOOK: CK(cu_hook(st, &c->hk, cb->pdl_now)); return;
+    case OP_PICK: CK(cu_pick(st, c->x, (int)c->count, cb->pick_keys, cb->pdl_now != 0)); return;
     }
 }
 
@@ -397,9 +402,15 @@ void cuda_embed(backend *be, float *out, const weight_ref *table, const int32_t 
         if (cb->verbose) cb->host_t0 = host_now();
         cb->recording = 1;
         cb->nq = 0;
-        cb->step_id = ids[0];
+        cb->step_id = ids ? ids[0] : -1; /* -1: the last pick's id (cu_set_step) */
         c.ids = cb->ids;
         record(cb, &c);
+        return;
+    }
+    if (!ids) { /* the last pick's id, set on the device */
+        c.ids = cb->ids;
+        CK(cu_set_step(cb->st, NULL, 0, cb->ids, -1, cb->pick_keys));
+        run_cmd(cb, &c);
         return;
     }
     size_t bytes = (size_t)n * sizeof(int32_t);
@@ -733,12 +744,69 @@ void cuda_device_times(backend *be, double *out, int count)
     for (int i = 0; i < count; i++) out[i] = i + 1 < STAMP_SLOTS ? 1e-9 * (double)v[1 + i] : 0;
 }
 
+/* ---- greedy picks (backend.h) ------------------------------------------------ */
+
+void pick_copy(cuda_backend *cb)
+{
+    if (cb->n_picks >= 2) cuda_fatal("pick", "more than two picks queued", __FILE__, __LINE__);
+    const int slot = (cb->pick_head + cb->n_picks) % 2;
+    CK(cudaMemcpyAsync(cb->pick_host + (size_t)slot * CU_PICK_BLOCKS, cb->pick_keys,
+                       CU_PICK_BLOCKS * sizeof *cb->pick_keys, cudaMemcpyDeviceToHost, cb->st));
+    CK(cudaEventRecord(cb->pick_ev[slot], cb->st));
+    cb->n_picks++;
+}
+
+void cuda_pick(backend *be, const float *logits, int count)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    cmd c = new_cmd(OP_PICK, 1);
+    c.x = logits;
+    c.count = count;
+    if (cb->recording) {
+        record(cb, &c);
+        cb->pick_pending = 1;
+        return;
+    }
+    run_cmd(cb, &c);
+    pick_copy(cb);
+}
+
+/* Launches a recorded step first: the host then waits only for the pick
+ * before it (a step behind, with pick_ahead). */
+int32_t cuda_pick_read(backend *be)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    flush(cb);
+    if (cb->n_picks == 0) cuda_fatal("pick_read", "no pick queued", __FILE__, __LINE__);
+    const int slot = cb->pick_head;
+    const double t0 = cb->verbose ? host_now() : 0;
+    CK(cudaEventSynchronize(cb->pick_ev[slot]));
+    if (cb->verbose) cb->host_wait += host_now() - t0;
+    cb->pick_head = (slot + 1) % 2;
+    cb->n_picks--;
+    return (int32_t)cu_pick_id(cb->pick_host + (size_t)slot * CU_PICK_BLOCKS);
+}
+
+/* (a copy still in flight lands in its slot before any later copy there:
+ * one stream) */
+void cuda_pick_drop(backend *be)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    flush(cb);
+    cb->n_picks = 0;
+}
+
 const backend_ops cuda_ops = {
     "cuda",          cuda_alloc,     cuda_release,  cuda_download,   cuda_destroy,
     cuda_embed,      cuda_rmsnorm,   cuda_matmul,   cuda_rope,       cuda_attention,
     cuda_kv_store,   cuda_gate_heads, cuda_gelu_mul, cuda_add,
     cuda_upload,     cuda_copy,      cuda_steer,    cuda_ffn_observe, cuda_stamp,
     cuda_device_times,
+    cuda_pick,       cuda_pick_read, cuda_pick_drop,
+    1, /* pick_ahead: the next step runs while the host reads a pick */
 };
 
 /* Every tensor the forward pass reads, uploaded now so the first token does
@@ -968,6 +1036,9 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
         cu_fgemv_prepare((int64_t)c->n_head * c->head_dim);
     }
     CK(cudaMalloc((void **)&cb->d_pos, sizeof(int64_t)));
+    CK(cudaMalloc((void **)&cb->pick_keys, CU_PICK_BLOCKS * sizeof *cb->pick_keys));
+    CK(cudaMallocHost((void **)&cb->pick_host, 2 * CU_PICK_BLOCKS * sizeof *cb->pick_host));
+    for (int i = 0; i < 2; i++) CK(cudaEventCreateWithFlags(&cb->pick_ev[i], cudaEventDisableTiming));
     /* SPARK_CUDA_ROPETAB=0: rope angles computed by every rope_kv launch */
     const char *rt = getenv("SPARK_CUDA_ROPETAB"), *sk = getenv("SPARK_CUDA_SPLIT_KEYS");
     if (cb->fuse_on && !(rt && !strcmp(rt, "0")))

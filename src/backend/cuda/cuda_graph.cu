@@ -389,7 +389,7 @@ bool mega_run(cuda_backend *cb)
  * graph, or a new capture. */
 void launch_step(cuda_backend *cb)
 {
-    CK(cu_set_step(cb->st, cb->d_pos, cb->step_pos, cb->ids, cb->step_id));
+    CK(cu_set_step(cb->st, cb->d_pos, cb->step_pos, cb->ids, cb->step_id, cb->pick_keys));
     cb->pos_set = 1;
     cb->pos_host = cb->step_pos;
     if (cb->mega_on && mega_run(cb)) return;
@@ -425,6 +425,10 @@ void flush(cuda_backend *cb)
         cb->host_steps++;
     }
     launch_step(cb);
+    if (cb->pick_pending) {
+        cb->pick_pending = 0;
+        pick_copy(cb);
+    }
     if (cb->verbose) cb->host_flush += host_now() - t0;
 }
 

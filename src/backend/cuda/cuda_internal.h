@@ -48,8 +48,17 @@ cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, i
 
 /* *dst = v, as a one-thread kernel: stream-ordered, no host buffer to keep alive. */
 cudaError_t cu_set_i64(cudaStream_t st, int64_t *dst, int64_t v);
-/* *pos = p and *id = t in one launch (a decode step's position and token) */
-cudaError_t cu_set_step(cudaStream_t st, int64_t *pos, int64_t p, int32_t *id, int32_t t);
+/* *pos = p (pos may be NULL) and *id = t in one launch (a decode step's
+ * position and token); t < 0: *id = the id of the pick in pick_keys. */
+cudaError_t cu_set_step(cudaStream_t st, int64_t *pos, int64_t p, int32_t *id, int32_t t,
+                        const unsigned long long *pick_keys);
+
+/* Greedy picks (backend.h's pick): keys[0..CU_PICK_BLOCKS) = ordered
+ * (value, index) keys of x[0..count)'s ranges; cu_pick_id reads a host copy
+ * of them: the host sampler's greedy id, or -1 (as uint32) for none. */
+enum { CU_PICK_BLOCKS = 64 };
+cudaError_t cu_pick(cudaStream_t st, const float *x, int count, unsigned long long *keys, bool pdl);
+uint32_t cu_pick_id(const unsigned long long *keys);
 
 cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, int64_t cols, int64_t row_bytes,
                      const int32_t *ids_dev, int n);

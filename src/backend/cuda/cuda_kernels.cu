@@ -499,10 +499,67 @@ __global__ void attention_merge_kernel(float *out, const float *ws, int splits, 
 }
 
 __global__ void set_i64_kernel(int64_t *dst, int64_t v) { *dst = v; }
-__global__ void set_step_kernel(int64_t *pos, int64_t p, int32_t *id, int32_t t)
+/* The id of the largest of a pick's block keys (see pick_kernel); no
+ * candidate at all (every logit NaN or -inf): row 0, a valid row to read
+ * for a step the host will not keep (it reads the pick as -1 and stops). */
+__device__ int32_t id_of_pick(const unsigned long long *keys, int nkeys)
 {
-    *pos = p;
-    *id = t;
+    unsigned long long k = 0;
+    for (int i = threadIdx.x; i < nkeys; i += WARP) k = keys[i] > k ? keys[i] : k;
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, k, o);
+        k = other > k ? other : k;
+    }
+    return k ? (int32_t)(0xffffffffu - (unsigned)k) : 0;
+}
+
+/* One warp: *pos = p (when pos), and *id = t, or with t < 0 the id of the
+ * last pick (keys). */
+__global__ void set_step_kernel(int64_t *pos, int64_t p, int32_t *id, int32_t t, const unsigned long long *keys,
+                                int nkeys)
+{
+    const int32_t v = t >= 0 ? t : id_of_pick(keys, nkeys);
+    if (threadIdx.x) return;
+    if (pos) *pos = p;
+    *id = v;
+}
+
+/* A greedy pick with the host sampler's rule (greedy_pick: the first index
+ * of the largest value > -inf) as keys that order like (value, -index):
+ * the value's bits made unsigned-monotonic in the high word (-0 as +0: the
+ * host's > does not tell them apart), ~index in the low word, 0 for no
+ * candidate. Block b leaves the largest key of its range in keys[b]; the
+ * reader takes the largest of those. */
+__global__ void pick_kernel(const float *x, int count, unsigned long long *keys)
+{
+    pdl_wait();
+    pdl_release();
+    const int per = (count + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int lo = (int)blockIdx.x * per, hi = lo + per < count ? lo + per : count;
+    unsigned long long best = 0;
+    for (int i = lo + (int)threadIdx.x; i < hi; i += (int)blockDim.x) {
+        float v = x[i];
+        if (!(v > -INFINITY)) continue; /* -inf and NaN never win */
+        if (v == 0.0f) v = 0.0f;
+        const unsigned u = __float_as_uint(v);
+        const unsigned ord = u & 0x80000000u ? ~u : u | 0x80000000u;
+        const unsigned long long k = (unsigned long long)ord << 32 | (0xffffffffu - (unsigned)i);
+        best = k > best ? k : best;
+    }
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other > best ? other : best;
+    }
+    __shared__ unsigned long long warp_best[32];
+    if (threadIdx.x % WARP == 0) warp_best[threadIdx.x / WARP] = best;
+    __syncthreads();
+    if (threadIdx.x >= WARP) return;
+    best = threadIdx.x < blockDim.x / WARP ? warp_best[threadIdx.x] : 0;
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other > best ? other : best;
+    }
+    if (threadIdx.x == 0) keys[blockIdx.x] = best;
 }
 
 
@@ -662,10 +719,24 @@ cudaError_t cu_set_i64(cudaStream_t st, int64_t *dst, int64_t v)
     return cudaGetLastError();
 }
 
-cudaError_t cu_set_step(cudaStream_t st, int64_t *pos, int64_t p, int32_t *id, int32_t t)
+cudaError_t cu_set_step(cudaStream_t st, int64_t *pos, int64_t p, int32_t *id, int32_t t,
+                        const unsigned long long *pick_keys)
 {
-    set_step_kernel<<<1, 1, 0, st>>>(pos, p, id, t);
+    set_step_kernel<<<1, WARP, 0, st>>>(pos, p, id, t, pick_keys, CU_PICK_BLOCKS);
     return cudaGetLastError();
+}
+
+cudaError_t cu_pick(cudaStream_t st, const float *x, int count, unsigned long long *keys, bool pdl)
+{
+    const cudaError_t e = launch_ex(pdl, dim3(CU_PICK_BLOCKS), dim3(256), 0, st, pick_kernel, x, count, keys);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+uint32_t cu_pick_id(const unsigned long long *keys)
+{
+    unsigned long long k = 0;
+    for (int i = 0; i < CU_PICK_BLOCKS; i++) k = keys[i] > k ? keys[i] : k;
+    return k ? 0xffffffffu - (uint32_t)k : 0xffffffffu;
 }
 
 cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, int64_t cols, int64_t row_bytes,

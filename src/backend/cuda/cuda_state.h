@@ -94,6 +94,13 @@ struct cuda_backend {
     int verbose;
     double host_t0, host_record, host_flush, host_wait;
     long host_steps;
+    /* greedy picks (backend.h's pick): the block keys on the device, a
+     * page-locked copy of each queued pick's keys and the event that says
+     * it has landed, a ring of two; pick_pending: the recorded step ends in
+     * a pick, copied out right after the step is launched (flush) */
+    unsigned long long *pick_keys, *pick_host;
+    cudaEvent_t pick_ev[2];
+    int pick_head, n_picks, pick_pending;
 };
 
 /* CLOCK_MONOTONIC in seconds (the host-time counters above) */
@@ -125,7 +132,8 @@ enum cmd_op { OP_KVATTN = 100, OP_KVSTORE, /* attention / kv store over a coded 
               OP_FGEMV, /* fused: [rmsnorm] + 1-2 matmuls [+ gelu-mul | + residual add] (fg) */
               OP_ROPEKV, /* fused: rope q, rope k, kv store (before the attention that follows) */
               OP_HOOK, /* an instrument (cuda_hooks.cu): steering, capture copy, FFN statistics, timestamp */
-              OP_ROPETAB /* fused: a rope class's cos / sin at the step's position, for the rope_kv commands */ };
+              OP_ROPETAB, /* fused: a rope class's cos / sin at the step's position, for the rope_kv commands */
+              OP_PICK /* a greedy pick of x[0..count) into the pick keys */ };
 
 /* Zero-filled before use, so two commands compare equal bytewise exactly
  * when they launch the same work (padding included). No field depends on
@@ -157,6 +165,9 @@ void flush(cuda_backend *cb);
 void record(cuda_backend *cb, const cmd *c); /* (the step's first command, from cuda_embed) */
 void submit(cuda_backend *cb, const cmd *c);
 void set_pos(cuda_backend *cb, int64_t pos0);
+/* cuda_backend.cu: the pick keys' copy to the host, queued after what the
+ * stream holds now (a pick's kernel, or the launched step ending in one). */
+void pick_copy(cuda_backend *cb);
 
 } // namespace spark_cuda
 
