@@ -18,6 +18,7 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/probe.h"
+#include "backend/cpu/threadpool.h"
 #include "backend/cuda/cuda_backend.h"
 #include "model/model.h"
 
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char bench_usage[] =
     "usage: spark bench MODEL [options]\n"
@@ -41,6 +43,12 @@ static const char bench_usage[] =
     "  -r, --reps N        repetitions of each test; mean and spread reported (default 1)\n"
     "  --probe-mb N        bandwidth probe buffer in MiB (default 1024; 2048 with --gpu)\n"
     "  --no-probe          skip both probes (their fields print as 0)\n"
+    "  --no-pair           skip the paired decode test (CPU): after the decode test, tg<N> again with\n"
+    "                      one pass of the bandwidth probe's loop over the model's own resident weights\n"
+    "                      before and after every token; each token's GB/s is set against the faster of\n"
+    "                      its two neighbouring passes, and the median and spread of those shares are\n"
+    "                      reported (on a machine whose bandwidth moves from second to second this\n"
+    "                      compares the decode with a plain read of the same bytes at the same moment)\n"
     "  --json              one JSON object instead of the table\n"
     "  --gpu               run on the GPU (CUDA); the probes are then the GPU's: device-to-device\n"
     "                      copy bandwidth (read + write) and a bf16 tensor-core GEMM's TFLOP/s\n"
@@ -55,7 +63,7 @@ static const char bench_usage[] =
 typedef struct bench_args {
     const char *model;
     long n_prompt, n_gen, threads, reps, probe_mb;
-    int json, no_probe, load_mode;
+    int json, no_probe, no_pair, load_mode;
     int gpu, phases;
     hook_opts hooks;
 } bench_args;
@@ -74,6 +82,8 @@ static int parse_bench_args(int argc, char **argv, bench_args *a)
         } else if (cli_load_flag(arg, &a->load_mode)) {
         } else if (!strcmp(arg, "--no-probe")) {
             a->no_probe = 1;
+        } else if (!strcmp(arg, "--no-pair")) {
+            a->no_pair = 1;
         } else if (!strcmp(arg, "--gpu")) {
             a->gpu = 1;
         } else if (!strcmp(arg, "--phases")) {
@@ -233,6 +243,12 @@ typedef struct bench_result {
     stats pp, tg;
     double pp_gflop_s, pp_peak_pct;
     double tg_bytes, tg_gb_s, floor_tok_s, floor_pct;
+    /* the paired decode test (run_paired): per token, its GB/s over the faster
+     * neighbouring pass of the probe's loop on the weights, in % */
+    int paired;                /* tokens paired (0: not run) */
+    double pair_pct[5];        /* min, 25th percentile, median, 75th, max */
+    double pair_probe_gb_s[3]; /* the passes' GB/s: min, median, max */
+    double pair_tok_s;         /* tokens / the paired tokens' summed time */
 } bench_result;
 
 static const char *base_name(const char *path)
@@ -274,6 +290,18 @@ static void print_json(const bench_result *r)
     cJSON_AddNumberToObject(o, "bandwidth_after_gb_s", r->bw_after);
     cJSON_AddNumberToObject(o, "floor_tok_s", r->floor_tok_s);
     cJSON_AddNumberToObject(o, "floor_pct", r->floor_pct);
+    if (r->paired) {
+        cJSON_AddNumberToObject(o, "paired_tokens", r->paired);
+        cJSON_AddNumberToObject(o, "paired_tok_s", r->pair_tok_s);
+        cJSON_AddNumberToObject(o, "paired_pct_median", r->pair_pct[2]);
+        cJSON_AddNumberToObject(o, "paired_pct_p25", r->pair_pct[1]);
+        cJSON_AddNumberToObject(o, "paired_pct_p75", r->pair_pct[3]);
+        cJSON_AddNumberToObject(o, "paired_pct_min", r->pair_pct[0]);
+        cJSON_AddNumberToObject(o, "paired_pct_max", r->pair_pct[4]);
+        cJSON_AddNumberToObject(o, "paired_probe_gb_s_min", r->pair_probe_gb_s[0]);
+        cJSON_AddNumberToObject(o, "paired_probe_gb_s_median", r->pair_probe_gb_s[1]);
+        cJSON_AddNumberToObject(o, "paired_probe_gb_s_max", r->pair_probe_gb_s[2]);
+    }
     const spark_model_load_info *li = spark_model_get_load_info(r->m);
     cJSON_AddStringToObject(o, "load_mode", spark_load_mode_name(li->mode));
     cJSON_AddBoolToObject(o, "huge_pages", li->huge_pages);
@@ -323,6 +351,11 @@ static void print_table(const bench_result *r)
     if (a->n_gen > 0)
         printf("decode: %.3f GB/token -> %.1f GB/s achieved; floor %.2f tok/s; %.1f%% of the floor\n",
                r->tg_bytes / 1e9, r->tg_gb_s, r->floor_tok_s, r->floor_pct);
+    if (r->paired)
+        printf("decode, paired with the probe's loop over the weights (%d tokens, %.2f tok/s; passes %.1f-%.1f "
+               "GB/s, median %.1f): %.1f%% of the floor, median (quartiles %.1f-%.1f, range %.1f-%.1f)\n",
+               r->paired, r->pair_tok_s, r->pair_probe_gb_s[0], r->pair_probe_gb_s[2], r->pair_probe_gb_s[1],
+               r->pair_pct[2], r->pair_pct[1], r->pair_pct[3], r->pair_pct[0], r->pair_pct[4]);
     if (!a->no_probe && a->gpu)
         printf("GPU matrix peak (probe: cuBLAS bf16 GEMM 8192^3, fp32 accumulate): %.1f TFLOP/s\n",
                r->peak_gflop_s / 1e3);
@@ -355,6 +388,100 @@ static void derive(bench_result *r)
         r->floor_tok_s = r->bw_gb_s > 0 ? r->bw_gb_s * 1e9 / r->tg_bytes : 0;
         r->floor_pct = r->bw_gb_s > 0 ? 100.0 * r->tg_gb_s / r->bw_gb_s : 0;
     }
+}
+
+/* ---- the paired decode test ------------------------------------------------------ */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* q-quantile of sorted v[0..n) (linear between neighbours). */
+static double quantile(const double *v, int n, double q)
+{
+    double at = q * (n - 1);
+    int i = (int)at;
+    return i + 1 < n ? v[i] + (at - i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
+/* The memory the forward pass streams per token: every bound matrix (the
+ * tied head is the embedding). The norm vectors are float copies of a few KB
+ * and are left out; the probe's rate is over the bytes it reads. */
+static int weight_regions(const spark_model *m, probe_region *out, int cap)
+{
+    int n = 0;
+#define ADD_REGION(W)                                                                                 \
+    do {                                                                                              \
+        if (n < cap) out[n++] = (probe_region){(W).data, (size_t)dtype_row_bytes((W).dtype, (uint64_t)(W).cols) * (size_t)(W).rows}; \
+    } while (0)
+    ADD_REGION(m->embedding);
+    if (!m->tied_head) ADD_REGION(m->head);
+    for (int i = 0; i < m->cfg.n_layer; i++) {
+        const layer_weights *L = &m->layers[i];
+        ADD_REGION(L->qkv);
+        ADD_REGION(L->gate);
+        ADD_REGION(L->out);
+        ADD_REGION(L->ffn_gate);
+        ADD_REGION(L->ffn_up);
+        ADD_REGION(L->ffn_down);
+    }
+#undef ADD_REGION
+    return n;
+}
+
+/* A short sleep before each timed step, so the other pool's workers (the
+ * session's or the probe's) have stopped spinning and both cores are free. */
+static void settle(void) { usleep(3000); }
+
+/* tg<N> once more from an empty context, with one pass of the probe's loop
+ * over the weights before the first token and after every token. Token i is
+ * set against the faster of passes i and i + 1 (the stricter of its two
+ * neighbours): 100 * (its bytes / its time) / (pass bytes / pass time). */
+static spark_status run_paired(spark_session *s, const spark_model *m, const int32_t *ids, int n, float *logits,
+                               int threads, bench_result *r)
+{
+    int cap = 2 + 6 * m->cfg.n_layer;
+    probe_region *reg = malloc((size_t)cap * sizeof *reg);
+    double *pass = malloc((size_t)(n + 1) * sizeof *pass), *pct = malloc((size_t)n * sizeof *pct);
+    thread_pool *pool = NULL;
+    spark_status st = reg && pass && pct ? pool_create(threads, &pool) : SPARK_ERR_NOMEM;
+    if (st != SPARK_OK) goto done;
+    int nreg = weight_regions(m, reg, cap);
+    size_t read = 0;
+    double tok_sum = 0;
+    cpu_probe_read_pass(pool, reg, nreg, &read); /* warm-up: threads started, TLB walked once */
+    spark_session_reset(s);
+    settle();
+    pass[0] = cpu_probe_read_pass(pool, reg, nreg, &read);
+    for (int i = 0; i < n && st == SPARK_OK; i++) {
+        settle();
+        double t0 = now_s();
+        st = spark_session_eval(s, ids + i, 1, logits, 0);
+        double t = now_s() - t0;
+        tok_sum += t;
+        settle();
+        pass[i + 1] = cpu_probe_read_pass(pool, reg, nreg, &read);
+        double best = pass[i] < pass[i + 1] ? pass[i] : pass[i + 1];
+        pct[i] = 100.0 * (decode_bytes(m, i) / t) / ((double)read / best);
+    }
+    if (st != SPARK_OK || read == 0) goto done;
+    qsort(pct, (size_t)n, sizeof *pct, cmp_double);
+    for (int k = 0; k < 5; k++) r->pair_pct[k] = quantile(pct, n, k / 4.0);
+    for (int i = 0; i <= n; i++) pass[i] = (double)read / pass[i] / 1e9; /* GB/s */
+    qsort(pass, (size_t)n + 1, sizeof *pass, cmp_double);
+    r->pair_probe_gb_s[0] = pass[0];
+    r->pair_probe_gb_s[1] = quantile(pass, n + 1, 0.5);
+    r->pair_probe_gb_s[2] = pass[n];
+    r->pair_tok_s = n / tok_sum;
+    r->paired = n;
+done:
+    pool_free(pool);
+    free(reg);
+    free(pass);
+    free(pct);
+    return st;
 }
 
 static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r)
@@ -406,6 +533,11 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
             fprintf(stderr, "spark bench: decode test, %ld x %ld tokens:\n", a->reps, a->n_gen);
             hook_opts_print_timing(s, stderr);
         }
+    }
+    if (st == SPARK_OK && a->n_gen > 0 && !a->no_probe && !a->no_pair && !a->gpu) {
+        if (a->phases) spark_session_timing(s, 0);
+        fprintf(stderr, "spark bench: paired decode test (a probe pass over the weights between tokens)...\n");
+        st = run_paired(s, m, ids, (int)a->n_gen, logits, r->threads, r);
     }
     spark_session_free(s);
     free(ids);

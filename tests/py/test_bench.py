@@ -36,6 +36,25 @@ def test_json_schema(model):
     assert out["floor_pct"] == pytest.approx(100 * out["tg_gb_s"] / out["bandwidth_gb_s"], rel=1e-3)
 
 
+def test_paired_decode(model):
+    """The paired test: each token against the faster neighbouring pass of the
+    probe's loop over the weights; the quantiles are ordered and finite, and
+    --no-pair / --no-probe leave the fields out."""
+    out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "5", "-t", "2", "--probe-mb", "8",
+                                "--json"]).stdout)
+    assert out["paired_tokens"] == 5 and out["paired_tok_s"] > 0
+    q = [out[f"paired_pct_{k}"] for k in ("min", "p25", "median", "p75", "max")]
+    assert all(v > 0 for v in q) and q == sorted(q), q
+    g = [out[f"paired_probe_gb_s_{k}"] for k in ("min", "median", "max")]
+    assert all(v > 0 for v in g) and g == sorted(g), g
+    for flag in ("--no-pair", "--no-probe"):
+        out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "2", "--probe-mb", "8", flag,
+                                    "--json"]).stdout)
+        assert "paired_pct_median" not in out and out["tg_tok_s"] > 0
+    text = run_spark(["bench", model, "-p", "0", "-n", "2", "--probe-mb", "8"]).stdout
+    assert "paired with the probe's loop over the weights" in text
+
+
 def test_skipping_tests_and_probes(model):
     out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "3", "--no-probe", "--json"]).stdout)
     assert out["pp_tok_s"] == 0 and out["tg_tok_s"] > 0

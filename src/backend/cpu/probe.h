@@ -17,6 +17,22 @@
  * the CPU has. SPARK_ERR_NOMEM if the buffer cannot be allocated. */
 spark_status cpu_probe_bandwidth(int n_threads, size_t bytes, int reps, double *gb_s);
 
+/* A span of memory for cpu_probe_read_pass. */
+typedef struct probe_region {
+    const void *p;
+    size_t bytes;
+} probe_region;
+
+struct thread_pool;
+
+/* One timed pass of the bandwidth probe's loop over memory that already
+ * exists (spark bench: the model's resident weights, between decoded
+ * tokens): every thread of `pool` sums its contiguous share of each region
+ * in turn, in one pool run. Returns the pass's seconds; *bytes_read (may be
+ * NULL) gets the bytes summed: each region trimmed to whole 64-byte lines,
+ * each thread's share to whole 256-byte steps. */
+double cpu_probe_read_pass(struct thread_pool *pool, const probe_region *r, int n, size_t *bytes_read);
+
 /* Peak float32 multiply-add rate in GFLOP/s (an FMA counts 2) of
  * n_threads threads running independent FMAs on registers at the active
  * ISA level, best of `reps` runs of about 50 ms. */
