@@ -20,6 +20,10 @@
 # XCHAINS: chain sets of bench/cuda_gemv_bench.cu run again under other
 # settings, "SET:VAR=V,...;..." (SET: fgemv, or attn1 for the one-launch
 # attention's), e.g. "attn1:SPARK_CUDA_ATTSTEP=8;fgemv:SPARK_CUDA_FG_DB=0".
+# A previous build's cuda_gemv_bench copied into BIN as base_cuda_gemv_bench.xz
+# (before cuda_carry.sh's next run replaces BIN): its chains and this build's,
+# per format, one after the other (for changes a runtime switch cannot undo,
+# such as a kernel's register count).
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-/tmp/cuda-decode}
@@ -72,6 +76,14 @@ if [ "${QUANT:-0}" = 1 ]; then # the 36-layer 4B shape quantized here, decoded w
                 "$BIN/cuda_gemv_bench" --layers 36 --reps 20 --dtype $fmt 2>&1 | sed "s/^/$fmt ${cfg%%:*} /" | tee -a "$SUMMARY"
         done
         rm -f /tmp/m4b-$fmt.gguf
+    done
+fi
+if [ -x "$BIN/base_cuda_gemv_bench" ]; then # the previous build's chains carried as base_cuda_gemv_bench.xz
+    stamp "A/B: the previous build's GEMV chains against this build's"
+    for d in bf16 q8_0 q4_k; do
+        for b in base_cuda_gemv_bench cuda_gemv_bench; do
+            [ -x "$BIN/$b" ] && CHAINS=fgemv timeout 60 "$BIN/$b" --layers 36 --reps 20 --dtype $d 2>&1 | sed "s/^/ab $d $b /" | tee -a "$SUMMARY"
+        done
     done
 fi
 if [ -x "$BIN/cuda_gemv_bench" ] && [ "$MODE" != verify ]; then
