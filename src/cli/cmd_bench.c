@@ -44,11 +44,12 @@ static const char bench_usage[] =
     "  --probe-mb N        bandwidth probe buffer in MiB (default 1024; 2048 with --gpu)\n"
     "  --no-probe          skip both probes (their fields print as 0)\n"
     "  --no-pair           skip the paired decode test (CPU): after the decode test, tg<N> again with\n"
-    "                      one pass of the bandwidth probe's loop over the model's own resident weights\n"
-    "                      before and after every token; each token's GB/s is set against the faster of\n"
-    "                      its two neighbouring passes, and the median and spread of those shares are\n"
-    "                      reported (on a machine whose bandwidth moves from second to second this\n"
-    "                      compares the decode with a plain read of the same bytes at the same moment)\n"
+    "                      the bandwidth probe's loop run over the model's own resident weights before\n"
+    "                      and after every token (one pass in each prefetch form, the fastest counts);\n"
+    "                      each token's GB/s is set against the faster of its two neighbouring readings,\n"
+    "                      and the median and spread of those shares are reported (on a machine whose\n"
+    "                      bandwidth moves from second to second this compares the decode with a plain\n"
+    "                      read of the same bytes at the same moment)\n"
     "  --json              one JSON object instead of the table\n"
     "  --gpu               run on the GPU (CUDA); the probes are then the GPU's: device-to-device\n"
     "                      copy bandwidth (read + write) and a bf16 tensor-core GEMM's TFLOP/s\n"
@@ -435,8 +436,9 @@ static int weight_regions(const spark_model *m, probe_region *out, int cap)
  * session's or the probe's) have stopped spinning and both cores are free. */
 static void settle(void) { usleep(3000); }
 
-/* tg<N> once more from an empty context, with one pass of the probe's loop
- * over the weights before the first token and after every token. Token i is
+/* tg<N> once more from an empty context, with a reading of the probe's loop
+ * over the weights (cpu_probe_read_pass: the fastest of one pass in each
+ * prefetch form) before the first token and after every token. Token i is
  * set against the faster of passes i and i + 1 (the stricter of its two
  * neighbours): 100 * (its bytes / its time) / (pass bytes / pass time). */
 static spark_status run_paired(spark_session *s, const spark_model *m, const int32_t *ids, int n, float *logits,

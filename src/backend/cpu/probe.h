@@ -13,7 +13,8 @@
 
 /* Streaming-read bandwidth in GB/s (1e9 bytes/s): n_threads threads each
  * sum a contiguous slice of a `bytes` buffer (touched first, so no page
- * faults are timed), best of `reps` passes. Uses the widest vector loads
+ * faults are timed), best of `reps` rounds of one pass in each of the
+ * loop's prefetch forms (probe.c). Uses the widest vector loads
  * the CPU has. SPARK_ERR_NOMEM if the buffer cannot be allocated. */
 spark_status cpu_probe_bandwidth(int n_threads, size_t bytes, int reps, double *gb_s);
 
@@ -28,7 +29,8 @@ struct thread_pool;
 /* One timed pass of the bandwidth probe's loop over memory that already
  * exists (spark bench: the model's resident weights, between decoded
  * tokens): every thread of `pool` sums its contiguous share of each region
- * in turn, in one pool run. Returns the pass's seconds; *bytes_read (may be
+ * in turn, in one pool run, once in each of the loop's prefetch forms.
+ * Returns the fastest form's seconds; *bytes_read (may be
  * NULL) gets the bytes summed: each region trimmed to whole 64-byte lines,
  * each thread's share to whole 256-byte steps. */
 double cpu_probe_read_pass(struct thread_pool *pool, const probe_region *r, int n, size_t *bytes_read);
