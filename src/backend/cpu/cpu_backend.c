@@ -304,6 +304,47 @@ static int32_t cpu_pick_read(backend *be)
 
 static void cpu_pick_drop(backend *be) { cpu_of(be)->n_picks = 0; }
 
+/* The same selection the device backends make (backend.h), on the host
+ * buffer: the total is summed in id order, as the sampler's own. */
+static int32_t cpu_candidates(backend *be, const float *logits, int count, float inv_t, float log_min_p, int32_t cap,
+                              float *x_out, int32_t *id_out, int *complete, double *total)
+{
+    float x_max = -INFINITY;
+    for (int i = 0; i < count; i++) {
+        float x = logits[i] * inv_t;
+        x_max = x > x_max ? x : x_max;
+    }
+    *complete = 0;
+    *total = 0;
+    if (!(x_max > -INFINITY)) return 0;
+    const float floor = x_max + log_min_p;
+    int64_t in[CAND_BUCKETS] = {0};
+    double sum = 0;
+    for (int i = 0; i < count; i++) {
+        float x = logits[i] * inv_t;
+        if (!(x > -INFINITY && x >= floor)) continue;
+        in[CAND_BUCKET(x_max, x)]++;
+        sum += exp((double)x - x_max);
+    }
+    *total = sum;
+    int last = -1;
+    for (int64_t b = 0, held = 0; b < CAND_BUCKETS && held + in[b] <= cap; b++) {
+        held += in[b];
+        last = (int)b;
+    }
+    if (last < 0) return 0;
+    *complete = last == CAND_BUCKETS - 1;
+    int32_t n = 0;
+    for (int i = 0; i < count; i++) {
+        float x = logits[i] * inv_t;
+        if (x > -INFINITY && x >= floor && CAND_BUCKET(x_max, x) <= last) {
+            x_out[n] = x;
+            id_out[n++] = i;
+        }
+    }
+    return n;
+}
+
 static const backend_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -323,6 +364,7 @@ static const backend_ops cpu_ops = {
     .pick_read = cpu_pick_read,
     .pick_drop = cpu_pick_drop,
     .pick_ahead = 0, /* every op has finished when it returns: nothing to overlap */
+    .candidates = cpu_candidates,
 };
 
 spark_status backend_cpu_create(int n_threads, backend **out)
