@@ -13,7 +13,9 @@
  * Then D tokens of greedy generation through spark_generate (no tokenizer:
  * ids only; EOS ignored), what `spark run --temp 0` does per token: with the
  * backend's device pick unless SPARK_PICK=0 (then logits copied back and
- * the host sampler's argmax).
+ * the host sampler's argmax); and D more sampled with the recommended
+ * settings (temperature 1, top-p 0.95, seed 1): from the backend's
+ * candidates unless SPARK_PICK=0.
  * The first eval of each kind is a warm-up and is not timed.
  */
 #include "spark.h"
@@ -67,8 +69,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!path || prefill < 1 || decode < 1 || prefill + 3 * decode + 16 > ctx) {
-        fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] (P + 3 D + 16 <= N)\n");
+    if (!path || prefill < 1 || decode < 1 || prefill + 4 * decode + 16 > ctx) {
+        fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] (P + 4 D + 16 <= N)\n");
         return 2;
     }
     double t0 = now();
@@ -123,6 +125,16 @@ int main(int argc, char **argv)
     if (spark_generate(s, NULL, greedy, ids + prefill + 2 * decode, 1, &gp, &gr) != SPARK_OK) die("generate");
     spark_sampler_free(greedy);
     double t_gen = gr.generate_seconds / (double)gr.n_generated;
+    spark_sampler_params rp = spark_sampler_default_params();
+    rp.temperature = 1.0f;
+    rp.top_p = 0.95f;
+    rp.seed = 1;
+    spark_sampler *recommended;
+    if (spark_sampler_create(&rp, c->n_vocab, &recommended) != SPARK_OK) die("sampler");
+    spark_generate_result sr;
+    if (spark_generate(s, NULL, recommended, ids + prefill + 2 * decode + 1, 1, &gp, &sr) != SPARK_OK) die("generate");
+    spark_sampler_free(recommended);
+    double t_smp = sr.generate_seconds / (double)sr.n_generated;
     const char *pk = getenv("SPARK_PICK");
     int device_pick = !(pk && !strcmp(pk, "0"));
 
@@ -150,6 +162,9 @@ int main(int argc, char **argv)
            "%.1f%% of the floor\n",
            device_pick ? "device pick" : "SPARK_PICK=0: logits to the host sampler", gr.n_generated,
            prefill + 2 * decode + 1, t_gen * 1e3, 1.0 / t_gen, 100.0 * floor_s / t_gen);
+    printf("generate (temperature 1, top-p 0.95, %s) %d tokens: %.3f ms/token, %.1f tok/s, %.1f%% of the floor\n",
+           device_pick ? "backend candidates" : "SPARK_PICK=0: logits to the host sampler", sr.n_generated,
+           t_smp * 1e3, 1.0 / t_smp, 100.0 * floor_s / t_smp);
     printf("RESULT prefill=%ld prefill_tok_s=%.1f decode_tok_s=%.2f ms_per_token=%.4f tb_s=%.3f pct_floor=%.1f\n", prefill,
            prefill / t_pre, 1.0 / step, step * 1e3, (wbytes + kv) / step / 1e12, 100.0 * floor_s / step);
     free(ids);

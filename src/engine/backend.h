@@ -123,7 +123,25 @@ typedef struct backend_ops {
     int32_t (*pick_read)(backend *be);
     void (*pick_drop)(backend *be);
     int pick_ahead;
+
+    /* Sampling candidates (optional; engine/generate.c then copies the
+     * logits to the host). Of x[i] = logits[i] * inv_t (i < count; logits a
+     * backend buffer) the ones > -inf and >= max x + log_min_p, in id order
+     * into x_out / id_out (host memory): all of them when at most `cap`
+     * (*complete = 1), else those in the buckets nearest the max that hold
+     * at most cap together (*complete = 0; bucket: CAND_BUCKET below).
+     * Returns their count, 0 when not even the nearest bucket fits.
+     * *total = the sum of exp(x - max x) (double) over every candidate. */
+    int32_t (*candidates)(backend *be, const float *logits, int count, float inv_t, float log_min_p, int32_t cap,
+                          float *x_out, int32_t *id_out, int *complete, double *total);
 } backend_ops;
+
+/* A candidate's bucket for backend_ops.candidates: quarter-nats below the
+ * largest x, the last bucket holding everything further. A macro, so the
+ * CUDA kernels use these very float operations too. */
+enum { CAND_BUCKETS = 128 };
+#define CAND_BUCKET(x_max, x)                                                                                         \
+    (((x_max) - (x)) * 4.0f < (float)(CAND_BUCKETS - 1) ? (int)(((x_max) - (x)) * 4.0f) : CAND_BUCKETS - 1)
 
 
 struct backend {

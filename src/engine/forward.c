@@ -72,9 +72,9 @@ static void ffn_block(spark_session *s, const layer_weights *L, int layer, int n
 
 /* Final norm and tied head, for the last row only or for every row, in
  * groups of HEAD_ROWS so the logits scratch stays small (131k floats a row).
- * logits == NULL: the last row's logits stay in the backend and its greedy
- * pick is queued there instead (be->pick). */
-static void head(spark_session *s, int n, float *logits, int all_positions)
+ * logits == NULL: the last row's logits stay in the backend (s->s.logits),
+ * with pick its greedy pick queued there too (be->pick). */
+static void head(spark_session *s, int n, float *logits, int all_positions, int pick)
 {
     const spark_model *m = s->model;
     const spark_model_config *c = &m->cfg;
@@ -86,7 +86,7 @@ static void head(spark_session *s, int n, float *logits, int all_positions)
         be->matmul(s->be, a->logits, a->xn, &m->head, rows);
         if (s->hooks.timing) hooks_stamp(s, PHASE_HEAD); /* device timing: before the copy waits */
         if (!logits) {
-            be->pick(s->be, a->logits, c->n_vocab);
+            if (pick) be->pick(s->be, a->logits, c->n_vocab);
             return;
         }
         be->download(s->be, logits, a->logits, (size_t)rows * (size_t)c->n_vocab);
@@ -103,8 +103,8 @@ static void lap(spark_session *s, double *sum, double *mark)
     *mark = now;
 }
 
-/* The chunk through every layer; head: 0 none, 1 logits into `logits`, 2 a pick. */
-static spark_status forward(spark_session *s, const int32_t *ids, int n, int want_head, float *logits,
+/* The chunk through every layer, then what `end` asks of the head. */
+static spark_status forward(spark_session *s, const int32_t *ids, int n, chunk_end end, float *logits,
                             int all_positions)
 {
     const spark_model *m = s->model;
@@ -131,7 +131,7 @@ static spark_status forward(spark_session *s, const int32_t *ids, int n, int wan
         }
         lap(s, &t->hooks, &mark);
     }
-    if (want_head) head(s, n, want_head == 2 ? NULL : logits, all_positions);
+    if (end != END_NONE) head(s, n, end == END_LOGITS ? logits : NULL, all_positions, end == END_PICK);
     if (s->hooks.capture.on) hooks_after_chunk(s, s->pos); /* device backends: captured rows back */
     lap(s, &t->head, &mark);
     t->tokens += n;
@@ -142,11 +142,11 @@ static spark_status forward(spark_session *s, const int32_t *ids, int n, int wan
 
 spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *logits, int all_positions)
 {
-    return forward(s, ids, n, logits != NULL, logits, all_positions);
+    return forward(s, ids, n, logits ? END_LOGITS : END_NONE, logits, all_positions);
 }
 
-spark_status forward_chunk_pick(spark_session *s, const int32_t *ids, int n)
+spark_status forward_chunk_end(spark_session *s, const int32_t *ids, int n, chunk_end end)
 {
-    ASSERT(s->be->ops->pick);
-    return forward(s, ids, n, 2, NULL, 0);
+    ASSERT(end != END_PICK || s->be->ops->pick);
+    return forward(s, ids, n, end, NULL, 0);
 }

@@ -93,6 +93,11 @@ static int is_stop_id(const spark_session *s, const spark_generate_params *p, in
     return 0;
 }
 
+/* The most sampling candidates a backend hands over (backend.h's
+ * candidates; SPARK_SAMPLE_CAP overrides, for tests): 16 KB back instead of
+ * the logits, and top-p with the recommended 0.95 rarely needs more. */
+enum { SAMPLE_CAP = 2048 };
+
 typedef struct gen_state {
     spark_session *s;
     spark_detokenizer *dt;
@@ -100,6 +105,11 @@ typedef struct gen_state {
     const spark_generate_params *p;
     holdback hold;
     spark_generate_result *r;
+    chunk_end end;         /* how each evaluated chunk ends: END_LOGITS, END_KEEP or END_PICK */
+    float inv_t, log_min_p; /* END_KEEP: what the backend's candidates op needs */
+    int32_t cap;
+    float *cand_x;         /* END_KEEP: (cap) the candidates */
+    int32_t *cand_id;
 } gen_state;
 
 /* Decode one generated id into the holdback; release what is safe.
@@ -134,6 +144,34 @@ static int emit_token(gen_state *g, int32_t id, spark_status *st)
     return 0;
 }
 
+/* The next token from the last chunk's logits: from the backend's
+ * candidates when they decide it (END_KEEP), else from the logits on the
+ * host (copied there first with END_KEEP). */
+static int32_t sample_next(gen_state *g)
+{
+    spark_session *s = g->s;
+    const int32_t n_vocab = s->model->cfg.n_vocab;
+    if (g->end == END_KEEP) {
+        int complete;
+        double total;
+        int32_t n = s->be->ops->candidates(s->be, s->s.logits, n_vocab, g->inv_t, g->log_min_p, g->cap, g->cand_x,
+                                           g->cand_id, &complete, &total);
+        if (n > 0) {
+            int32_t id = sampler_sample_candidates(g->sampler, g->cand_x, g->cand_id, n, complete, total);
+            if (id != SAMPLER_MORE) return id;
+        }
+        s->be->ops->download(s->be, s->logits, s->s.logits, (size_t)n_vocab);
+    }
+    return spark_sampler_sample(g->sampler, s->logits);
+}
+
+/* One token through the model, ending as g->end says. */
+static spark_status eval_one(gen_state *g, int32_t id)
+{
+    if (g->end == END_LOGITS) return spark_session_eval(g->s, &id, 1, g->s->logits, 0);
+    return session_eval_end(g->s, &id, 1, g->end);
+}
+
 static spark_status generate_loop(gen_state *g)
 {
     spark_session *s = g->s;
@@ -145,7 +183,7 @@ static spark_status generate_loop(gen_state *g)
             return SPARK_OK;
         }
         double t0 = s->hooks.timing ? hooks_now() : 0;
-        int32_t id = spark_sampler_sample(g->sampler, s->logits);
+        int32_t id = sample_next(g);
         if (id < 0) return spark_fail(SPARK_ERR_ARG, "sampling: every token is banned by the logit bias");
         spark_sampler_accept(g->sampler, id);
         if (s->hooks.timing) s->hooks.times.sampling += hooks_now() - t0;
@@ -163,7 +201,7 @@ static spark_status generate_loop(gen_state *g)
             g->r->finish = SPARK_FINISH_CONTEXT;
             return SPARK_OK;
         }
-        TRY(spark_session_eval(s, &id, 1, s->logits, 0));
+        TRY(eval_one(g, id));
     }
 }
 
@@ -225,17 +263,28 @@ static spark_status generate_picked(gen_state *g)
     }
 }
 
-/* Whether this generation takes generate_picked: the sampler is plain
- * greedy, the backend picks, and no instrument watches the steps (they
- * would see a taken-back step). SPARK_PICK=0: never (the host path, to
- * compare). */
-static int use_pick(const spark_session *s, const spark_sampler *sampler)
+/* How this generation's chunks end: END_PICK (generate_picked) when the
+ * sampler is plain greedy, the backend picks and no instrument watches the
+ * steps (they would see a taken-back step); END_KEEP when the sampler takes
+ * the backend's candidates; else END_LOGITS. SPARK_PICK=0: END_LOGITS
+ * always (the host sampler on every logit, to compare). */
+static chunk_end choose_end(gen_state *g)
 {
+    const spark_session *s = g->s;
+    const backend_ops *be = s->be->ops;
     const char *env = getenv("SPARK_PICK");
-    if (env && !strcmp(env, "0")) return 0;
+    if (env && !strcmp(env, "0")) return END_LOGITS;
     const hooks *h = &s->hooks;
-    return s->be->ops->pick && spark_sampler_plain_greedy(sampler) && !h->timing && !hooks_any_layer_hook(h) &&
-           !h->ffn;
+    if (be->pick && spark_sampler_plain_greedy(g->sampler) && !h->timing && !hooks_any_layer_hook(h) && !h->ffn)
+        return END_PICK;
+    if (be->candidates && sampler_prefilter(g->sampler, &g->inv_t, &g->log_min_p)) {
+        const char *cap = getenv("SPARK_SAMPLE_CAP");
+        g->cap = cap && atoi(cap) > 0 ? atoi(cap) : SAMPLE_CAP;
+        g->cand_x = malloc((size_t)g->cap * sizeof(float));
+        g->cand_id = malloc((size_t)g->cap * sizeof(int32_t));
+        if (g->cand_x && g->cand_id) return END_KEEP;
+    }
+    return END_LOGITS;
 }
 
 /* What is still held at the end (a partial stop string that never
@@ -251,8 +300,8 @@ static void flush_tail(gen_state *g)
 
 /* The prompt in n_batch pieces, so a cancel (a client gone, Ctrl-C) also
  * stops a long prefill; only the last piece computes logits. */
-static spark_status eval_prompt(spark_session *s, const int32_t *prompt, int32_t n, int pick, volatile int *cancel,
-                                spark_generate_result *r)
+static spark_status eval_prompt(spark_session *s, const int32_t *prompt, int32_t n, chunk_end end,
+                                volatile int *cancel, spark_generate_result *r)
 {
     for (int32_t done = 0; done < n;) {
         if (cancel && *cancel) {
@@ -261,7 +310,7 @@ static spark_status eval_prompt(spark_session *s, const int32_t *prompt, int32_t
         }
         int32_t piece = n - done < s->n_batch ? n - done : s->n_batch;
         int last = done + piece == n;
-        if (last && pick) TRY(session_eval_pick(s, prompt + done, piece));
+        if (last && end != END_LOGITS) TRY(session_eval_end(s, prompt + done, piece, end));
         else TRY(spark_session_eval(s, prompt + done, piece, last ? s->logits : NULL, 0));
         done += piece;
         if (s->progress && n > s->n_batch) s->progress(s->progress_user, done, n);
@@ -287,13 +336,16 @@ spark_status spark_generate(spark_session *s, const spark_tokenizer *tok, spark_
     gen_state g = {.s = s, .sampler = sampler, .p = p, .hold = {.p = p}, .r = &r};
     if (tok) TRY(spark_detokenizer_create(tok, p->decode_flags, &g.dt));
     double t0 = now_seconds();
-    int pick = use_pick(s, sampler);
+    g.end = choose_end(&g);
+    int pick = g.end == END_PICK;
     if (pick) s->be->ops->pick_drop(s->be); /* nothing left queued by an earlier failure */
-    spark_status st = eval_prompt(s, prompt, n_prompt, pick, p->cancel, &r);
+    spark_status st = eval_prompt(s, prompt, n_prompt, g.end, p->cancel, &r);
     for (int32_t i = 0; i < n_prompt; i++) spark_sampler_accept(sampler, prompt[i]);
     double t1 = now_seconds();
     if (st == SPARK_OK && r.finish != SPARK_FINISH_CANCELLED) st = pick ? generate_picked(&g) : generate_loop(&g);
     else if (pick) s->be->ops->pick_drop(s->be); /* cancelled in the prompt, or it failed */
+    free(g.cand_x);
+    free(g.cand_id);
     if (st == SPARK_OK) flush_tail(&g);
     r.prompt_seconds = t1 - t0;
     r.generate_seconds = now_seconds() - t1;

@@ -273,10 +273,10 @@ int32_t spark_session_n_ctx(const spark_session *s) { return s->n_ctx; }
 void spark_session_reset(spark_session *s) { s->pos = 0; }
 
 /* ids through the model in n_batch chunks; the last chunk ends in logits
- * (into `logits`, unless NULL) or, with pick, in a greedy pick queued in the
- * backend. */
+ * (into `logits`, unless NULL) or as `end` says when that is END_KEEP or
+ * END_PICK. */
 static spark_status eval_chunks(spark_session *s, const int32_t *ids, int32_t n, float *logits, int all_positions,
-                                int pick)
+                                chunk_end end)
 {
     spark_clear_error();
     const spark_model_config *c = &s->model->cfg;
@@ -295,7 +295,7 @@ static spark_status eval_chunks(spark_session *s, const int32_t *ids, int32_t n,
         if (logits && all_positions) out = logits + (size_t)done * (size_t)c->n_vocab;
         if (logits && !all_positions && last) out = logits;
         memcpy(s->tokens + s->pos, ids + done, (size_t)chunk * sizeof(int32_t));
-        if (pick && last) TRY(forward_chunk_pick(s, ids + done, chunk));
+        if (last && (end == END_KEEP || end == END_PICK)) TRY(forward_chunk_end(s, ids + done, chunk, end));
         else TRY(forward_chunk(s, ids + done, chunk, out, all_positions));
         done += chunk;
         if (s->progress && n > s->n_batch) s->progress(s->progress_user, done, n);
@@ -305,13 +305,14 @@ static spark_status eval_chunks(spark_session *s, const int32_t *ids, int32_t n,
 
 spark_status spark_session_eval(spark_session *s, const int32_t *ids, int32_t n, float *logits, int all_positions)
 {
-    return eval_chunks(s, ids, n, logits, all_positions, 0);
+    return eval_chunks(s, ids, n, logits, all_positions, END_LOGITS);
 }
 
-spark_status session_eval_pick(spark_session *s, const int32_t *ids, int32_t n)
+spark_status session_eval_end(spark_session *s, const int32_t *ids, int32_t n, chunk_end end)
 {
-    if (!s->be->ops->pick) return spark_fail(SPARK_ERR_UNSUPPORTED, "the %s backend has no device pick", s->be->ops->name);
-    return eval_chunks(s, ids, n, NULL, 0, 1);
+    if (end == END_PICK && !s->be->ops->pick)
+        return spark_fail(SPARK_ERR_UNSUPPORTED, "the %s backend has no device pick", s->be->ops->name);
+    return eval_chunks(s, ids, n, NULL, 0, end);
 }
 
 spark_status session_step_picked(spark_session *s, int32_t id)
@@ -322,7 +323,7 @@ spark_status session_step_picked(spark_session *s, int32_t id)
         return spark_fail(SPARK_ERR_CONTEXT, "1 token at position %lld does not fit in the context of %d",
                           (long long)s->pos, s->n_ctx);
     s->tokens[s->pos] = id; /* -1: the caller stores it once it has read the pick */
-    return forward_chunk_pick(s, NULL, 1);
+    return forward_chunk_end(s, NULL, 1, END_PICK);
 }
 
 void spark_session_set_progress(spark_session *s, spark_progress_callback cb, void *user)

@@ -48,15 +48,19 @@ const rope_class *rope_for_layer(const spark_session *s, int layer);
  * with all_positions. Advances pos. */
 spark_status forward_chunk(spark_session *s, const int32_t *ids, int n, float *logits, int all_positions);
 
-/* The same, with the last row's greedy pick queued in the backend instead of
- * logits (backends with pick). ids == NULL (n == 1): the token is the
- * backend's last pick, the id of which the caller stores in tokens[] once
- * it has read it. */
-spark_status forward_chunk_pick(spark_session *s, const int32_t *ids, int n);
+/* How a chunk ends for engine/generate.c: no head, the last row's logits
+ * into host memory, left in the backend (s->s.logits: for its candidates
+ * op), or left there with their greedy pick queued (backends with pick). */
+typedef enum { END_NONE, END_LOGITS, END_KEEP, END_PICK } chunk_end;
 
-/* spark_session_eval's checks and chunks, the last chunk ending in a pick
- * (engine/generate.c's greedy path). */
-spark_status session_eval_pick(spark_session *s, const int32_t *ids, int32_t n);
+/* The same, ending as `end` says (END_KEEP / END_PICK: the last row).
+ * ids == NULL (n == 1): the token is the backend's last pick, the id of
+ * which the caller stores in tokens[] once it has read it. */
+spark_status forward_chunk_end(spark_session *s, const int32_t *ids, int n, chunk_end end);
+
+/* spark_session_eval's checks and chunks, the last chunk ending as `end`
+ * says (END_KEEP or END_PICK: engine/generate.c). */
+spark_status session_eval_end(spark_session *s, const int32_t *ids, int32_t n, chunk_end end);
 
 /* One token whose id is the backend's last pick, ending in a pick of its
  * own; id: that pick's id when the caller has read it, else -1. */
@@ -65,6 +69,20 @@ spark_status session_step_picked(spark_session *s, int32_t id);
 /* The sampler only takes the largest logit (temperature 0, no bias, no
  * penalties): a pick decides exactly what it would (engine/sampler.c). */
 int spark_sampler_plain_greedy(const spark_sampler *s);
+
+/* Sampling from a backend's candidates (backend.h's candidates op): whether
+ * the sampler takes them (temperature > 0, no bias, no penalties), and the
+ * inv_t and log(min_p) (-inf: off) the op needs. */
+int sampler_prefilter(const spark_sampler *s, float *inv_t, float *log_min_p);
+
+/* The token from candidates x / ids[0..n) (id order; every candidate when
+ * complete, else those above a threshold, total_all then the weight of
+ * all): the token spark_sampler_sample would draw from the full logits, or
+ * SAMPLER_MORE when these do not decide it (nothing drawn: sample from the
+ * full logits instead). */
+enum { SAMPLER_MORE = -2 };
+int32_t sampler_sample_candidates(spark_sampler *s, const float *x, const int32_t *ids, int32_t n, int complete,
+                                  double total_all);
 
 /* The device-memory accounting of a CUDA session with options o on a device
  * with free_bytes / total_bytes: bytes it needs with its context full

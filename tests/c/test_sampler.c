@@ -8,6 +8,7 @@
 #include "spark.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 enum { V = 8, DRAWS = 40000 };
 
@@ -228,6 +229,59 @@ static void test_top_p_large_vocab(void)
     free(logits);
 }
 
+/* Top-p on a 5000-token vocabulary with a peaked head, the kept set from a
+ * full sort here: every draw is inside it, and every member with at least
+ * 0.5 % of the kept mass shows up (the quickselect cut is exactly the
+ * shortest head holding top_p of the mass, never a token more or less). */
+static void test_top_p_cut_matches_a_full_sort(void)
+{
+    enum { N = 5000, DRAWN = 20000 };
+    float *logits = malloc(N * sizeof(float));
+    int *order = malloc(N * sizeof(int)), *seen = calloc(N, sizeof(int)), *keep = calloc(N, sizeof(int));
+    uint64_t x = 99;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        logits[i] = (float)((double)(x >> 40) / (double)(1 << 24) * 12.0) - 6.0f; /* uniform in [-6, 6) */
+        order[i] = i;
+    }
+    for (float top_p = 0.3f; top_p < 1.0f; top_p += 0.3f) {
+        for (int i = 1; i < N; i++) /* insertion sort, descending, ties by id */
+            for (int j = i; j > 0 && (logits[order[j]] > logits[order[j - 1]] ||
+                                      (logits[order[j]] == logits[order[j - 1]] && order[j] < order[j - 1]));
+                 j--) {
+                int t = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = t;
+            }
+        double max = logits[order[0]], z = 0, mass = 0, kept_mass = 0;
+        for (int i = 0; i < N; i++) z += exp((double)logits[i] - max);
+        int kept = 0;
+        while (kept < N && (kept == 0 || mass < top_p * z)) mass += exp((double)logits[order[kept++]] - max);
+        memset(keep, 0, N * sizeof(int));
+        memset(seen, 0, N * sizeof(int));
+        for (int i = 0; i < kept; i++) keep[order[i]] = 1;
+        kept_mass = mass;
+        spark_sampler_params p = params(1.0f, 0, top_p, 0);
+        spark_sampler *s;
+        CHECK(spark_sampler_create(&p, N, &s) == SPARK_OK);
+        for (int i = 0; i < DRAWN; i++) {
+            int32_t id = spark_sampler_sample(s, logits);
+            CHECK_MSG(id >= 0 && id < N && keep[id], "top_p %.1f: drew %d, outside the %d kept", top_p, id, kept);
+            if (id >= 0 && id < N) seen[id]++;
+        }
+        int missing = 0;
+        for (int i = 0; i < kept; i++)
+            if (exp((double)logits[order[i]] - max) / kept_mass >= 0.005 && !seen[order[i]]) missing++;
+        CHECK_MSG(missing == 0, "top_p %.1f: %d of the %d kept never drawn", top_p, missing, kept);
+        CHECK_MSG(kept > 5, "top_p %.1f keeps only %d: the case cannot tell a cut one off", top_p, kept);
+        spark_sampler_free(s);
+    }
+    free(logits);
+    free(order);
+    free(seen);
+    free(keep);
+}
+
 int main(void)
 {
     RUN(test_distributions);
@@ -237,5 +291,6 @@ int main(void)
     RUN(test_logit_bias_bans);
     RUN(test_bad_params);
     RUN(test_top_p_large_vocab);
+    RUN(test_top_p_cut_matches_a_full_sort);
     CHECK_EXIT();
 }

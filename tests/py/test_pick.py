@@ -1,11 +1,16 @@
-"""Greedy generation through the backend's pick (engine/generate.c's
-generate_picked; backend.h's pick ops): the tokens must be the host
-sampler's, whatever ends the generation, on the CPU and (where there is a
-device) on the GPU, whose next step is issued before the host reads the pick
-and is taken back when that pick ends the reply.
+"""Token choice where the logits are (engine/generate.c; backend.h's pick and
+candidates ops): greedy generation through the backend's pick, and sampling
+from the backend's candidates, must give the host sampler's tokens, whatever
+ends the generation, on the CPU and (where there is a device) on the GPU,
+whose next greedy step is issued before the host reads the pick and is taken
+back when that pick ends the reply.
 
 SPARK_PICK=0 forces the host path (logits copied out, spark_sampler_sample);
-the default takes the pick for a plain greedy sampler."""
+the default takes the pick for a plain greedy sampler and the candidates for
+any other sampler without bias or penalties. SPARK_SAMPLE_CAP shrinks the
+candidates the backend may hand over, so the runs below also take the paths
+where they are a head of the distribution only and where they do not
+suffice (the host then samples the full logits)."""
 import json
 import numpy as np
 import pytest
@@ -54,6 +59,51 @@ def test_gpu_pick_equals_host_path_and_cpu(gpu, ending, monkeypatch):
     pick = run_text(args + ["--gpu"], True, monkeypatch)
     assert host == cpu, f"GPU (host sampler) differs from CPU:\n{cpu!r}\n{host!r}"
     assert pick == cpu, f"GPU (device pick) differs from CPU:\n{cpu!r}\n{pick!r}"
+
+
+SAMPLING = {
+    "top-p": ["--temp", "1", "--top-p", "0.95"],
+    "top-k": ["--temp", "0.7", "--top-k", "40"],
+    "min-p": ["--temp", "1.3", "--top-p", "0.9", "--min-p", "0.02"],
+    "plain": ["--temp", "1"],
+    "all": ["--temp", "0.8", "--top-k", "20", "--top-p", "0.8"],
+}
+CAPS = ["", "4", "64", "300"]
+
+
+def sample_text(args, cap, monkeypatch):
+    if cap is None:
+        monkeypatch.setenv("SPARK_PICK", "0")
+    else:
+        monkeypatch.delenv("SPARK_PICK", raising=False)
+    if cap:
+        monkeypatch.setenv("SPARK_SAMPLE_CAP", cap)
+    else:
+        monkeypatch.delenv("SPARK_SAMPLE_CAP", raising=False)
+    return run_spark(args).stdout
+
+
+@pytest.mark.parametrize("how", sorted(SAMPLING))
+def test_cpu_candidates_equal_host_sampler(how, monkeypatch):
+    """Seeded sampling: the same text from the candidates (every cap) as
+    from the host sampler over all logits."""
+    args = ["run", "-m", TINY, "-p", PROMPT, "-n", "40", "--seed", "7", *SAMPLING[how]]
+    host = sample_text(args, None, monkeypatch)
+    assert len(host.strip()) > 0
+    for cap in CAPS:
+        assert sample_text(args, cap, monkeypatch) == host, f"cap {cap!r}"
+
+
+@pytest.mark.parametrize("how", sorted(SAMPLING))
+def test_gpu_candidates_equal_host_sampler(gpu, how, monkeypatch):
+    """On the GPU the candidates' total weight is summed in another order
+    than the host's (a rounding's difference, which could move a top-p cut
+    only if the target fell within it), the rest is the host's arithmetic:
+    the text must equal the GPU's own host-sampler path."""
+    args = ["run", "-m", TINY, "-p", PROMPT, "-n", "40", "--seed", "7", "--gpu", *SAMPLING[how]]
+    host = sample_text(args, None, monkeypatch)
+    for cap in CAPS:
+        assert sample_text(args, cap, monkeypatch) == host, f"cap {cap!r}"
 
 
 def chat(extra, pick, monkeypatch):

@@ -250,6 +250,8 @@ void cuda_destroy(backend *be)
     cudaFree(cb->d_pos);
     cudaFree(cb->pick_keys);
     cudaFreeHost(cb->pick_host);
+    cudaFree(cb->cand_dev);
+    if (cb->cand_host) cudaFreeHost(cb->cand_host);
     for (int i = 0; i < 2; i++)
         if (cb->pick_ev[i]) cudaEventDestroy(cb->pick_ev[i]);
     for (size_t i = 0; i < cb->cap; i++)
@@ -799,6 +801,47 @@ void cuda_pick_drop(backend *be)
     cb->n_picks = 0;
 }
 
+/* ---- sampling candidates (backend.h) --------------------------------------------- */
+
+int32_t cuda_candidates(backend *be, const float *logits, int count, float inv_t, float log_min_p, int32_t cap,
+                        float *x_out, int32_t *id_out, int *complete, double *total)
+{
+    cuda_backend *cb = cuda_of(be);
+    use_device(cb);
+    flush(cb);
+    const size_t head = 4 * sizeof(int) + CU_PICK_BLOCKS * sizeof(double), back = head + (size_t)cap * 8;
+    const size_t bytes = back + (size_t)CU_PICK_BLOCKS * (CAND_BUCKETS + 1) * sizeof(int) + sizeof(float);
+    uint8_t *d = (uint8_t *)scratch(&cb->cand_dev, &cb->cand_dev_bytes, bytes);
+    if (cb->cand_host_bytes < back) {
+        if (cb->cand_host) CK(cudaFreeHost(cb->cand_host));
+        CK(cudaMallocHost(&cb->cand_host, back));
+        cb->cand_host_bytes = back;
+    }
+    cu_cand_buf b;
+    b.meta = (int *)d;
+    b.tot = (double *)(d + 4 * sizeof(int));
+    b.x = (float *)(d + head);
+    b.id = (int32_t *)(d + head + (size_t)cap * 4);
+    b.hist = (int *)(d + back);
+    b.off = b.hist + CU_PICK_BLOCKS * CAND_BUCKETS;
+    b.x_max = (float *)(b.off + CU_PICK_BLOCKS);
+    CK(cu_pick(cb->st, logits, count, cb->pick_keys, false)); /* its keys give the largest logit */
+    CK(cu_candidates(cb->st, logits, count, inv_t, log_min_p, cap, cb->pick_keys, &b));
+    CK(cudaMemcpyAsync(cb->cand_host, d, back, cudaMemcpyDeviceToHost, cb->st));
+    CK(cudaStreamSynchronize(cb->st));
+    const uint8_t *h = (const uint8_t *)cb->cand_host;
+    const int *meta = (const int *)h;
+    const double *tot = (const double *)(h + 4 * sizeof(int));
+    double sum = 0;
+    for (int k = 0; k < CU_PICK_BLOCKS; k++) sum += tot[k]; /* in block order: the same total every run */
+    *total = sum;
+    *complete = meta[1];
+    const int32_t n = meta[0];
+    memcpy(x_out, h + head, (size_t)n * sizeof(float));
+    memcpy(id_out, h + head + (size_t)cap * 4, (size_t)n * sizeof(int32_t));
+    return n;
+}
+
 const backend_ops cuda_ops = {
     "cuda",          cuda_alloc,     cuda_release,  cuda_download,   cuda_destroy,
     cuda_embed,      cuda_rmsnorm,   cuda_matmul,   cuda_rope,       cuda_attention,
@@ -807,6 +850,7 @@ const backend_ops cuda_ops = {
     cuda_device_times,
     cuda_pick,       cuda_pick_read, cuda_pick_drop,
     1, /* pick_ahead: the next step runs while the host reads a pick */
+    cuda_candidates,
 };
 
 /* Every tensor the forward pass reads, uploaded now so the first token does

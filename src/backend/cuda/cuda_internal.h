@@ -60,6 +60,21 @@ enum { CU_PICK_BLOCKS = 64 };
 cudaError_t cu_pick(cudaStream_t st, const float *x, int count, unsigned long long *keys, bool pdl);
 uint32_t cu_pick_id(const unsigned long long *keys);
 
+/* Sampling candidates (backend.h's candidates op), after a cu_pick of the
+ * same logits into pick_keys: device buffers, one allocation laid out so a
+ * single copy of [meta, tot, x, id] brings everything the host needs. */
+typedef struct cu_cand_buf {
+    int *meta;   /* [4]: count, complete, the last bucket taken (-1: none), - */
+    double *tot; /* [CU_PICK_BLOCKS] each block's weight sum */
+    float *x;    /* [cap] */
+    int32_t *id; /* [cap] */
+    int *hist;   /* [CU_PICK_BLOCKS * CAND_BUCKETS] */
+    int *off;    /* [CU_PICK_BLOCKS] */
+    float *x_max;
+} cu_cand_buf;
+cudaError_t cu_candidates(cudaStream_t st, const float *w, int count, float inv_t, float log_min_p, int cap,
+                          const unsigned long long *pick_keys, cu_cand_buf *b);
+
 cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, int64_t cols, int64_t row_bytes,
                      const int32_t *ids_dev, int n);
 cudaError_t cu_rmsnorm(cudaStream_t st, float *out, const float *x, const float *w, int n, int dim, float eps);

@@ -12,6 +12,7 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "engine/backend.h" /* CAND_BUCKET */
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -716,6 +717,138 @@ cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, i
 cudaError_t cu_set_i64(cudaStream_t st, int64_t *dst, int64_t v)
 {
     set_i64_kernel<<<1, 1, 0, st>>>(dst, v);
+    return cudaGetLastError();
+}
+
+/* ---- sampling candidates (backend.h's candidates op) ------------------------------ */
+
+/* The largest logit times inv_t, from a pick's block keys (the key's high
+ * word is the value's bits made monotonic; see pick_kernel). */
+__device__ float cand_x_max(const unsigned long long *keys, int nkeys, float inv_t)
+{
+    unsigned long long k = 0;
+    for (int i = 0; i < nkeys; i++) k = keys[i] > k ? keys[i] : k;
+    if (!k) return -INFINITY;
+    const unsigned ord = (unsigned)(k >> 32);
+    return __uint_as_float(ord & 0x80000000u ? ord & 0x7fffffffu : ~ord) * inv_t;
+}
+
+/* Block b over its range: how many candidates fall in each bucket, and the
+ * sum of their weights exp(x - max) in a fixed order (each thread its
+ * strided elements in turn, then a fixed tree), so the total is the same on
+ * every run. */
+__global__ void cand_count_kernel(const float *w, int count, float inv_t, float log_min_p,
+                                  const unsigned long long *keys, int nkeys, int *hist, double *tot, float *x_max_out)
+{
+    __shared__ int h[CAND_BUCKETS];
+    __shared__ double part[32];
+    for (int i = threadIdx.x; i < CAND_BUCKETS; i += blockDim.x) h[i] = 0;
+    const float x_max = cand_x_max(keys, nkeys, inv_t);
+    const float floor = x_max + log_min_p;
+    __syncthreads();
+    const int per = (count + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int lo = (int)blockIdx.x * per, hi = lo + per < count ? lo + per : count;
+    double sum = 0;
+    if (x_max > -INFINITY)
+        for (int i = lo + (int)threadIdx.x; i < hi; i += (int)blockDim.x) {
+            const float x = w[i] * inv_t;
+            if (!(x > -INFINITY && x >= floor)) continue;
+            atomicAdd(&h[CAND_BUCKET(x_max, x)], 1);
+            sum += exp((double)x - (double)x_max);
+        }
+    for (int o = WARP / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int k = 0; k < (int)blockDim.x / WARP; k++) t += part[k];
+        tot[blockIdx.x] = t;
+        if (blockIdx.x == 0) *x_max_out = x_max;
+    }
+    for (int i = threadIdx.x; i < CAND_BUCKETS; i += blockDim.x) hist[blockIdx.x * CAND_BUCKETS + i] = h[i];
+}
+
+/* One block of CAND_BUCKETS threads: the buckets that fit in cap
+ * (meta[0] = their count, meta[1] = complete, meta[2] = the last bucket
+ * taken or -1) and each block's first output slot (off). */
+__global__ void cand_plan_kernel(const int *hist, int blocks, int cap, int *meta, int *off)
+{
+    __shared__ long long in[CAND_BUCKETS];
+    __shared__ int last;
+    const int b = threadIdx.x;
+    long long c = 0;
+    for (int k = 0; k < blocks; k++) c += hist[k * CAND_BUCKETS + b];
+    in[b] = c;
+    __syncthreads();
+    if (b == 0) {
+        long long held = 0;
+        int l = -1;
+        for (int k = 0; k < CAND_BUCKETS && held + in[k] <= cap; k++) {
+            held += in[k];
+            l = k;
+        }
+        last = l;
+        meta[0] = l < 0 ? 0 : (int)held;
+        meta[1] = l == CAND_BUCKETS - 1;
+        meta[2] = l;
+    }
+    __syncthreads();
+    if (b == 0) {
+        int at = 0;
+        for (int k = 0; k < blocks; k++) {
+            off[k] = at;
+            for (int j = 0; j <= last; j++) at += hist[k * CAND_BUCKETS + j];
+        }
+    }
+}
+
+/* Block b writes the candidates of its range in the taken buckets in id
+ * order from off[b]: each thread a contiguous piece, placed by a scan. */
+__global__ void cand_write_kernel(const float *w, int count, float inv_t, float log_min_p, const float *x_max_in,
+                                  const int *meta, const int *off, float *x_out, int32_t *id_out)
+{
+    __shared__ int at[1024];
+    const int last = meta[2];
+    if (last < 0) return;
+    const float x_max = *x_max_in, floor = x_max + log_min_p;
+    const int per = (count + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int lo = (int)blockIdx.x * per, hi = lo + per < count ? lo + per : count;
+    const int piece = (hi - lo + (int)blockDim.x - 1) / (int)blockDim.x;
+    const int a = lo + (int)threadIdx.x * piece, e = a + piece < hi ? a + piece : hi;
+    auto member = [&](int i, float *x) {
+        *x = w[i] * inv_t;
+        return *x > -INFINITY && *x >= floor && CAND_BUCKET(x_max, *x) <= last;
+    };
+    int mine = 0;
+    float x;
+    for (int i = a; i < e; i++) mine += member(i, &x);
+    at[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) { /* exclusive scan, in order */
+        int sum = off[blockIdx.x];
+        for (int t = 0; t < (int)blockDim.x; t++) {
+            const int k = at[t];
+            at[t] = sum;
+            sum += k;
+        }
+    }
+    __syncthreads();
+    int slot = at[threadIdx.x];
+    for (int i = a; i < e; i++)
+        if (member(i, &x)) {
+            x_out[slot] = x;
+            id_out[slot++] = i;
+        }
+}
+
+cudaError_t cu_candidates(cudaStream_t st, const float *w, int count, float inv_t, float log_min_p, int cap,
+                          const unsigned long long *pick_keys, cu_cand_buf *b)
+{
+    cand_count_kernel<<<CU_PICK_BLOCKS, 256, 0, st>>>(w, count, inv_t, log_min_p, pick_keys, CU_PICK_BLOCKS, b->hist,
+                                                    b->tot, b->x_max);
+    cand_plan_kernel<<<1, CAND_BUCKETS, 0, st>>>(b->hist, CU_PICK_BLOCKS, cap, b->meta, b->off);
+    cand_write_kernel<<<CU_PICK_BLOCKS, 256, 0, st>>>(w, count, inv_t, log_min_p, b->x_max, b->meta, b->off, b->x,
+                                                    b->id);
     return cudaGetLastError();
 }
 

@@ -101,6 +101,10 @@ struct cuda_backend {
     unsigned long long *pick_keys, *pick_host;
     cudaEvent_t pick_ev[2];
     int pick_head, n_picks, pick_pending;
+    /* sampling candidates (backend.h's candidates): the device buffers of
+     * cu_cand_buf in one allocation, and a page-locked copy of its head */
+    void *cand_dev, *cand_host;
+    size_t cand_dev_bytes, cand_host_bytes;
 };
 
 /* CLOCK_MONOTONIC in seconds (the host-time counters above) */
