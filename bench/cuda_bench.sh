@@ -87,8 +87,8 @@ if [ "$MODE" = ab ]; then
     note "-- fast path again (spread):"
     bench 60 --ctx 4096 --prefill 512 --decode 256
     note "-- ctx 32k, fast path$([ $FASTOK = 1 ] || echo ' (FAST=0: the fast path failed its check)'):"
-    if [ $FASTOK = 1 ]; then bench 120 --ctx 33200 --prefill 32512 --decode 128
-    else SPARK_CUDA_FAST=0 bench 120 --ctx 33200 --prefill 32512 --decode 128; fi
+    if [ $FASTOK = 1 ]; then bench 120 --ctx 33300 --prefill 32512 --decode 128
+    else SPARK_CUDA_FAST=0 bench 120 --ctx 33300 --prefill 32512 --decode 128; fi
     nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks after: /' | tee -a "$SUMMARY"
 
     stamp "ab: tests (fast path)"
@@ -174,7 +174,7 @@ note "(the same without decode graphs:)"
 SPARK_CUDA_GRAPH=0 bench 120 --ctx 4096 --prefill 512 --decode 256
 bench 120 --ctx 9000 --prefill 8192 --decode 64
 if [ "$MODE" = full ]; then
-    bench 200 --ctx 33200 --prefill 32512 --decode 128
+    bench 200 --ctx 33300 --prefill 32512 --decode 128
 fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks after: /' | tee -a "$SUMMARY"
 

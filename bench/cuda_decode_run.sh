@@ -56,7 +56,7 @@ for cfg in "${CONFIGS[@]}"; do
     label=${cfg%%:*}
     vars=${cfg#*:}
     line=$(env $(echo "$vars" | tr ',' ' ') timeout 90 "$BIN/cuda_bench" /tmp/m4b --ctx 4096 --prefill 512 --decode 256 2>&1 |
-        tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -4 | tr '\n' ' ')
+        tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -5 | tr '\n' ' ')
     note "$label [$vars]: $line"
 done
 if [ "${QUANT:-0}" = 1 ]; then # the 36-layer 4B shape quantized here, decoded with and without the fast path
@@ -67,7 +67,7 @@ if [ "${QUANT:-0}" = 1 ]; then # the 36-layer 4B shape quantized here, decoded w
         for cfg in "${QCONFIGS[@]}"; do
             vars=$(echo "${cfg#*:}" | tr ',' ' ')
             line=$(env $vars timeout 120 "$BIN/cuda_bench" /tmp/m4b-$fmt.gguf --ctx 4096 --prefill 512 --decode 256 2>&1 |
-                tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -4 | tr '\n' ' ')
+                tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -5 | tr '\n' ' ')
             note "$fmt ${cfg%%:*} [${cfg#*:}]: $line"
         done
         for cfg in "${QCONFIGS[@]}"; do
@@ -99,7 +99,7 @@ if [ "$MODE" = full ]; then
     for cfg in "${CONFIGS[@]:0:2}"; do
         label=${cfg%%:*}
         vars=${cfg#*:}
-        line=$(env $(echo "$vars" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" /tmp/m4b --ctx 33200 --prefill 32512 --decode 128 2>&1 |
+        line=$(env $(echo "$vars" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" /tmp/m4b --ctx 33300 --prefill 32512 --decode 128 2>&1 |
             tee -a "$OUT/bench.log" | grep -E "^(decode|prefill|generate)|rror" | tr '\n' ' ')
         note "ctx 32k $label [$vars]: $line"
     done

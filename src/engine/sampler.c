@@ -325,14 +325,53 @@ static void sort_by_id(spark_sampler *s, candidate *c, int32_t n)
     memcpy(c, from, (size_t)n * sizeof *c); /* three passes end in the spare buffer */
 }
 
-static double weigh(candidate *c, int32_t n, double max_logit)
+/* Each candidate's weight (once: the top-p cut and the draw reuse it) and
+ * their sum; with `mass`, also each CAND_BUCKET's sum (for top_p_keep). */
+static double weigh(candidate *c, int32_t n, double max_logit, double *mass)
 {
     double total = 0;
+    const float x_max = (float)max_logit;
     for (int32_t i = 0; i < n; i++) {
-        c[i].weight = exp((double)c[i].logit - max_logit); /* once: the top-p cut and the draw reuse it */
+        c[i].weight = exp((double)c[i].logit - max_logit);
         total += c[i].weight;
+        if (mass) mass[CAND_BUCKET(x_max, c[i].logit)] += c[i].weight;
     }
     return total;
+}
+
+/* Top-p over c[0..n) in id order, kept in id order: the shortest head (in
+ * cand_before order) whose weight reaches target. Candidates go by buckets
+ * (CAND_BUCKET: quarter-nats below x_max, so every bucket is better than
+ * the next) summed in id order; the buckets before the one the cut falls in
+ * are kept whole, the cut inside it comes from top_p_head on its members
+ * alone, and one pass keeps what is at least as good as the cut's last
+ * member. A flat distribution thus costs two passes, not a sort. Returns
+ * the kept count. */
+static int32_t top_p_keep(spark_sampler *s, candidate *c, int32_t n, float x_max, const double *mass, double target,
+                          double *kept_total)
+{
+    double above = 0;
+    int cut = 0;
+    while (cut < CAND_BUCKETS - 1 && above + mass[cut] < target) above += mass[cut++];
+    candidate *in = s->spare;
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (CAND_BUCKET(x_max, c[i].logit) == cut) in[m++] = c[i];
+    int32_t k = m ? top_p_head(in, m, target - above) : 0; /* (m = 0: rounding put the target past all: keep all) */
+    candidate last = in[0];
+    for (int32_t i = 1; i < k; i++)
+        if (cand_before(&last, &in[i])) last = in[i];
+    int32_t kept = 0;
+    double total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int b = CAND_BUCKET(x_max, c[i].logit);
+        if (m == 0 || b < cut || (b == cut && !cand_before(&last, &c[i]))) {
+            total += c[i].weight;
+            c[kept++] = c[i];
+        }
+    }
+    *kept_total = total;
+    return kept;
 }
 
 /* The steps after the candidates are gathered (s->cand[0..n), in id order,
@@ -355,14 +394,12 @@ static int32_t finish(spark_sampler *s, int32_t n, int complete, double total_al
     double max_logit = -INFINITY;
     for (int32_t i = 0; i < n; i++)
         if (c[i].logit > max_logit) max_logit = c[i].logit;
-    double total = weigh(c, n, max_logit);
+    double mass[CAND_BUCKETS] = {0};
+    double total = weigh(c, n, max_logit, p->top_p < 1.0f ? mass : NULL);
     if (p->top_p < 1.0f) {
         double target = p->top_p * (complete || top_k ? total : total_all);
         if (!complete && !top_k && total < target) return SAMPLER_MORE; /* the head is longer than what came */
-        n = top_p_head(c, n, target);
-        sort_by_id(s, c, n);
-        total = 0;
-        for (int32_t i = 0; i < n; i++) total += c[i].weight;
+        n = top_p_keep(s, c, n, (float)max_logit, mass, target, &total);
     }
     double r = rng_uniform(s->rng) * total, acc = 0;
     for (int32_t i = 0; i < n; i++) {

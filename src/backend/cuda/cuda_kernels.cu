@@ -770,14 +770,20 @@ __global__ void cand_count_kernel(const float *w, int count, float inv_t, float 
 
 /* One block of CAND_BUCKETS threads: the buckets that fit in cap
  * (meta[0] = their count, meta[1] = complete, meta[2] = the last bucket
- * taken or -1) and each block's first output slot (off). */
+ * taken or -1) and each block's first output slot (off). The counts come
+ * into shared memory first, in coalesced loads: one thread walking them
+ * in global memory cost ~1 ms (bench/cuda_runs.md run 11). */
 __global__ void cand_plan_kernel(const int *hist, int blocks, int cap, int *meta, int *off)
 {
+    __shared__ int h[CU_PICK_BLOCKS * CAND_BUCKETS];
     __shared__ long long in[CAND_BUCKETS];
+    __shared__ int mine[CU_PICK_BLOCKS];
     __shared__ int last;
+    for (int i = threadIdx.x; i < blocks * CAND_BUCKETS; i += blockDim.x) h[i] = hist[i];
+    __syncthreads();
     const int b = threadIdx.x;
     long long c = 0;
-    for (int k = 0; k < blocks; k++) c += hist[k * CAND_BUCKETS + b];
+    for (int k = 0; k < blocks; k++) c += h[k * CAND_BUCKETS + b];
     in[b] = c;
     __syncthreads();
     if (b == 0) {
@@ -793,13 +799,17 @@ __global__ void cand_plan_kernel(const int *hist, int blocks, int cap, int *meta
         meta[2] = l;
     }
     __syncthreads();
-    if (b == 0) {
-        int at = 0;
-        for (int k = 0; k < blocks; k++) {
-            off[k] = at;
-            for (int j = 0; j <= last; j++) at += hist[k * CAND_BUCKETS + j];
-        }
+    if (b < blocks) {
+        int n = 0;
+        for (int j = 0; j <= last; j++) n += h[b * CAND_BUCKETS + j];
+        mine[b] = n;
     }
+    __syncthreads();
+    if (b == 0)
+        for (int k = 0, at = 0; k < blocks; k++) {
+            off[k] = at;
+            at += mine[k];
+        }
 }
 
 /* Block b writes the candidates of its range in the taken buckets in id
