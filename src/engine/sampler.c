@@ -229,8 +229,7 @@ static void select_best(candidate *c, int32_t n, int32_t m)
     }
 }
 
-/* Candidates after temperature, min-p and top-k, in no particular order;
- * returns their count. */
+/* Candidates after temperature and min-p, in id order; returns their count. */
 static int32_t gather_candidates(spark_sampler *s, const float *w)
 {
     const spark_sampler_params *p = &s->p;
@@ -242,10 +241,6 @@ static int32_t gather_candidates(spark_sampler *s, const float *w)
     for (int32_t id = 0; id < s->n_vocab; id++) {
         float x = w[id] * inv_t;
         if (x > -INFINITY && x >= floor) s->cand[n++] = (candidate){x, id, 0.0};
-    }
-    if (p->top_k > 0 && p->top_k < n) {
-        select_best(s->cand, n, p->top_k);
-        n = p->top_k;
     }
     return n;
 }
