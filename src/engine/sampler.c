@@ -3,12 +3,13 @@
  * repetition / presence / frequency penalties, temperature, top-k, top-p,
  * min-p, and a seeded generator that gives the same draws on every machine.
  *
- * Nothing sorts per token: min-p is a threshold test, top-k a quickselect,
- * top-p a quickselect on weight (the shortest head holding top_p of the
- * mass), and each candidate's exp is computed once. With the recommended
+ * Nothing sorts the vocabulary per token: min-p is a threshold test, top-k
+ * a quickselect (its k winners then put in id order), top-p a pass over
+ * quarter-nat buckets plus a weighted quickselect inside the bucket the cut
+ * falls in, and each candidate's exp is computed once. With the recommended
  * settings (temperature 1, top-p 0.95, top-k off) on a 131072-token
- * vocabulary that is ~1 ms a token, where sorting a growing head cost 6-25
- * ms (bench/RESULTS.md).
+ * vocabulary that is ~1.4-2.7 ms a token on the development VM, where
+ * sorting a growing head cost 6-25 ms (bench/cuda_runs.md run 11).
  */
 #include "spark.h"
 
@@ -404,19 +405,20 @@ static int32_t finish(spark_sampler *s, int32_t n, int complete, double total_al
     return c[n - 1].id; /* r landed on the rounding slack at the very end */
 }
 
-int spark_sampler_plain_greedy(const spark_sampler *s)
+/* No bias and no penalty configured: the raw logits decide (what a
+ * backend's pick or candidates need). */
+static int unbiased(const spark_sampler_params *p)
 {
-    const spark_sampler_params *p = &s->p;
-    return p->temperature == 0 && p->n_logit_bias == 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
+    return p->n_logit_bias == 0 && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
            p->frequency_penalty == 0.0f;
 }
+
+int spark_sampler_plain_greedy(const spark_sampler *s) { return s->p.temperature == 0 && unbiased(&s->p); }
 
 int sampler_prefilter(const spark_sampler *s, float *inv_t, float *log_min_p)
 {
     const spark_sampler_params *p = &s->p;
-    if (p->temperature == 0 || p->n_logit_bias != 0 || p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f ||
-        p->frequency_penalty != 0.0f)
-        return 0;
+    if (p->temperature == 0 || !unbiased(p)) return 0;
     *inv_t = 1.0f / p->temperature; /* the very operations gather_candidates does */
     *log_min_p = p->min_p > 0 ? logf(p->min_p) : -INFINITY;
     return 1;
