@@ -309,14 +309,11 @@ static void cpu_pick_drop(backend *be) { cpu_of(be)->n_picks = 0; }
 static int32_t cpu_candidates(backend *be, const float *logits, int count, float inv_t, float log_min_p, int32_t cap,
                               float *x_out, int32_t *id_out, int *complete, double *total)
 {
-    float x_max = -INFINITY;
-    for (int i = 0; i < count; i++) {
-        float x = logits[i] * inv_t;
-        x_max = x > x_max ? x : x_max;
-    }
     *complete = 0;
     *total = 0;
-    if (!(x_max > -INFINITY)) return 0;
+    const int32_t best = greedy_pick(logits, count);
+    if (best < 0) return 0;
+    const float x_max = logits[best] * inv_t; /* the largest x: inv_t > 0 keeps the order */
     const float floor = x_max + log_min_p;
     int64_t in[CAND_BUCKETS] = {0};
     double sum = 0;
