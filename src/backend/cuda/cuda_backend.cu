@@ -480,6 +480,25 @@ int64_t key_splits(const kv_layer *cache, int64_t blocks, int64_t target, int64_
     return splits < 1 ? 1 : splits;
 }
 
+/* What the attention and cache-store commands of both cache kinds take
+ * alike: the cache (f32 rows for cu_attn_args, coded bytes for
+ * cu_kv_attn_args), the chunk's qkv rows, the device position, the shape. */
+template <class A>
+static void cache_args(A *a, const cuda_backend *cb, const kv_layer *cache, const float *qkv, int n,
+                       const attn_shape *sh)
+{
+    a->kc = (decltype(a->kc))cache->k;
+    a->vc = (decltype(a->vc))cache->v;
+    a->slots = cache->slots;
+    a->qkv = qkv;
+    a->pos = cb->d_pos;
+    a->qkv_stride = sh->qkv_stride;
+    a->n = n;
+    a->n_head = sh->n_head;
+    a->n_head_kv = sh->n_head_kv;
+    a->head_dim = sh->head_dim;
+}
+
 /* Attention over a coded cache (cuda_kv.cu). Flash-decoding splits from the
  * capacity, as for f32 (launch shape independent of the position): enough
  * blocks to fill every SM once (the kernel's occupancy), each split at least
@@ -495,17 +514,8 @@ void kv_coded_attention(cuda_backend *cb, float *out, const float *qkv, const kv
                                 KV_SPLIT_MIN_KEYS);
     cmd c = new_cmd(OP_KVATTN, n);
     cu_kv_attn_args *a = &c.kva;
+    cache_args(a, cb, cache, qkv, n, sh);
     a->out = out;
-    a->qkv = qkv;
-    a->kc = (const uint8_t *)cache->k;
-    a->vc = (const uint8_t *)cache->v;
-    a->pos = cb->d_pos;
-    a->slots = cache->slots;
-    a->qkv_stride = sh->qkv_stride;
-    a->n = n;
-    a->n_head = sh->n_head;
-    a->n_head_kv = sh->n_head_kv;
-    a->head_dim = sh->head_dim;
     a->window = cache->window;
     a->splits = (int)splits;
     a->fmt = cache->type;
@@ -533,17 +543,8 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     int64_t splits = key_splits(cache, (int64_t)n * sh->n_head_kv, 2 * (int64_t)cb->sms, cb->split_keys);
     cmd c = new_cmd(OP_ATTN, n);
     cu_attn_args *a = &c.attn;
+    cache_args(a, cb, cache, qkv, n, sh);
     a->out = out;
-    a->qkv = qkv;
-    a->kc = cache->k;
-    a->vc = cache->v;
-    a->pos = cb->d_pos;
-    a->slots = cache->slots;
-    a->qkv_stride = sh->qkv_stride;
-    a->n = n;
-    a->n_head = sh->n_head;
-    a->n_head_kv = sh->n_head_kv;
-    a->head_dim = sh->head_dim;
     a->window = cache->window;
     a->splits = (int)splits;
     a->min_split_keys = cb->split_keys;
@@ -575,16 +576,7 @@ void cuda_kv_store(backend *be, kv_layer *cache, const float *qkv, int64_t pos0,
     if (cache->type != SPARK_KV_F32) {
         cmd c = new_cmd(OP_KVSTORE, n);
         cu_kv_attn_args *a = &c.kva;
-        a->kc = (const uint8_t *)cache->k;
-        a->vc = (const uint8_t *)cache->v;
-        a->slots = cache->slots;
-        a->qkv = qkv;
-        a->pos = cb->d_pos;
-        a->qkv_stride = sh->qkv_stride;
-        a->n = n;
-        a->n_head = sh->n_head;
-        a->n_head_kv = sh->n_head_kv;
-        a->head_dim = sh->head_dim;
+        cache_args(a, cb, cache, qkv, n, sh);
         a->fmt = cache->type;
         submit(cb, &c);
         return;

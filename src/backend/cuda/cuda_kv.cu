@@ -285,6 +285,26 @@ __device__ __forceinline__ void decode8(uint4 raw, const float *cb, float *o)
     }
 }
 
+/* The keys split `split` of token t scores: [j_begin, j_end), within the
+ * window of its position p = pos0 + t (sliding: 0 <= p - j < window). Splits are cut
+ * from the keys the whole chunk sees, so every token of a chunk uses the
+ * same split boundaries; a split may be empty. */
+struct key_range {
+    int64_t pos0, j_begin, j_end;
+};
+
+__device__ __forceinline__ key_range split_keys(const cu_kv_attn_args &a, int t, int split)
+{
+    const int64_t pos0 = *a.pos, p = pos0 + t;
+    int64_t lo = a.window ? p - a.window + 1 : 0;
+    if (lo < 0) lo = 0;
+    const int64_t keys = a.window && a.window < pos0 + a.n ? a.window : pos0 + a.n;
+    const int64_t per_split = (keys + a.splits - 1) / a.splits;
+    const int64_t j_begin = lo + (int64_t)split * per_split;
+    const int64_t j_end = j_begin + per_split < p + 1 ? j_begin + per_split : p + 1;
+    return {pos0, j_begin, j_end};
+}
+
 template <int KK, int VK, int GMAX>
 __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn_kernel(cu_kv_attn_args a)
 {
@@ -292,14 +312,8 @@ __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn_kernel(cu_kv_attn_arg
     const int D = a.head_dim, G = a.n_head / a.n_head_kv;
     const int t = blockIdx.x / a.n_head_kv, kh = blockIdx.x % a.n_head_kv, split = blockIdx.y;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int64_t pos0 = *a.pos, p = pos0 + t;
-    int64_t lo = a.window ? p - a.window + 1 : 0;
-    if (lo < 0) lo = 0;
-    const int64_t keys = a.window && a.window < pos0 + a.n ? a.window : pos0 + a.n;
-    const int64_t per_split = (keys + a.splits - 1) / a.splits;
-    const int64_t j_begin = lo + (int64_t)split * per_split;
-    int64_t j_end = j_begin + per_split;
-    if (j_end > p + 1) j_end = p + 1;
+    const key_range kr = split_keys(a, t, split);
+    const int64_t pos0 = kr.pos0, j_begin = kr.j_begin, j_end = kr.j_end;
 
     __shared__ float qs[GMAX][MAXD];
     __shared__ float cbk[16], cbv[16];
@@ -482,14 +496,8 @@ __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn2_kernel(cu_kv_attn_ar
     const int D = a.head_dim, G = a.n_head / a.n_head_kv;
     const int t = blockIdx.x / a.n_head_kv, kh = blockIdx.x % a.n_head_kv, split = blockIdx.y;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int64_t pos0 = *a.pos, p = pos0 + t;
-    int64_t lo = a.window ? p - a.window + 1 : 0;
-    if (lo < 0) lo = 0;
-    const int64_t keys = a.window && a.window < pos0 + a.n ? a.window : pos0 + a.n;
-    const int64_t per_split = (keys + a.splits - 1) / a.splits;
-    const int64_t j_begin = lo + (int64_t)split * per_split;
-    int64_t j_end = j_begin + per_split;
-    if (j_end > p + 1) j_end = p + 1;
+    const key_range kr = split_keys(a, t, split);
+    const int64_t pos0 = kr.pos0, j_begin = kr.j_begin, j_end = kr.j_end;
     /* cache slot of key j: j on full layers (slots >= the context); rings:
      * (j_begin % slots) + (j - j_begin), wrapped once (a split spans fewer
      * than `slots` keys) */
