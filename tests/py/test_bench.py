@@ -38,7 +38,8 @@ def test_json_schema(model):
 
 def test_paired_decode(model):
     """The paired test: each token against the faster neighbouring pass of the
-    probe's loop over the weights; the quantiles are ordered and finite, and
+    probe's loop over the weights; the quantiles are ordered and finite, the
+    test's own ceiling (a probe pass scored as a token) comes with them, and
     --no-pair / --no-probe leave the fields out."""
     out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "5", "-t", "2", "--probe-mb", "8",
                                 "--json"]).stdout)
@@ -47,12 +48,19 @@ def test_paired_decode(model):
     assert all(v > 0 for v in q) and q == sorted(q), q
     g = [out[f"paired_probe_gb_s_{k}"] for k in ("min", "median", "max")]
     assert all(v > 0 for v in g) and g == sorted(g), g
+    # the test's own ceiling: readings 1..3 (of 0..5) scored as tokens are
+    assert out["paired_self_passes"] == 4
+    c = [out[f"paired_self_pct_{k}"] for k in ("p25", "median", "p75")]
+    assert all(v > 0 for v in c) and c == sorted(c), c
     for flag in ("--no-pair", "--no-probe"):
         out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "2", "--probe-mb", "8", flag,
                                     "--json"]).stdout)
-        assert "paired_pct_median" not in out and out["tg_tok_s"] > 0
+        assert "paired_pct_median" not in out and "paired_self_pct_median" not in out and out["tg_tok_s"] > 0
     text = run_spark(["bench", model, "-p", "0", "-n", "2", "--probe-mb", "8"]).stdout
     assert "paired with the probe's loop over the weights" in text
+    assert "the paired test's own ceiling" in text
+    out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "1", "--probe-mb", "8", "--json"]).stdout)
+    assert out["paired_tokens"] == 1 and "paired_self_passes" not in out  # needs a reading on each side
 
 
 def test_skipping_tests_and_probes(model):

@@ -46,7 +46,7 @@ static double now_s(void)
  * (bench/RESULTS.md, 2026-12-01, "Prefetches to L2"); a probe must be the
  * best plain read these threads manage, so every measurement takes the
  * fastest of them. */
-enum { PROBE_VARIANTS = 3 };
+enum { PROBE_VARIANTS = CPU_PROBE_FORMS };
 
 #if defined(__x86_64__)
 #define PROBE_SUM512(NAME, PF, HINT)                                                                    \
@@ -161,6 +161,11 @@ static void regions_task(void *arg, int ith, int nth)
 
 double cpu_probe_read_pass(thread_pool *pool, const probe_region *r, int n, size_t *bytes_read)
 {
+    return cpu_probe_read_forms(pool, r, n, bytes_read, NULL);
+}
+
+double cpu_probe_read_forms(thread_pool *pool, const probe_region *r, int n, size_t *bytes_read, double *form_s)
+{
     regions_job j = {.r = r, .n = n, .isa = cpu_isa_active()};
     size_t total = 0;
     int nth = pool_size(pool);
@@ -177,6 +182,7 @@ double cpu_probe_read_pass(thread_pool *pool, const probe_region *r, int n, size
         double t0 = now_s();
         pool_run(pool, regions_task, &j, nth);
         double t = now_s() - t0;
+        if (form_s) form_s[j.variant] = t;
         if (t < best) best = t;
     }
     if (bytes_read) *bytes_read = total;
