@@ -218,13 +218,18 @@ const cpu_kernels cpu_kernels_scalar = {
     .pv_block = pv_block,
 };
 
+/* Columns in runs of one cache line (16 floats): the tokens' rows are xs
+ * apart, often a multiple of 4 KB (one L1 set), so a column at a time
+ * fetched every token's line again for each of its 16 columns. */
 void cpu_pack_tokens(float *xp, const float *x, int64_t xs, int n, int64_t cols, int tw)
 {
-    for (int64_t c = 0; c < cols; c++) {
-        float *dst = xp + c * tw;
-        int t = 0;
-        for (; t < n; t++) dst[t] = x[t * xs + c];
-        for (; t < tw; t++) dst[t] = 0.0f;
+    enum { RUN = 16 };
+    for (int64_t c0 = 0; c0 < cols; c0 += RUN) {
+        const int64_t c1 = c0 + RUN < cols ? c0 + RUN : cols;
+        for (int t = 0; t < n; t++)
+            for (int64_t c = c0; c < c1; c++) xp[c * tw + t] = x[t * xs + c];
+        for (int64_t c = c0; c < c1; c++)
+            for (int t = n; t < tw; t++) xp[c * tw + t] = 0.0f;
     }
 }
 
