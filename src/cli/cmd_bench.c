@@ -256,7 +256,7 @@ typedef struct bench_result {
      * form, taken from inside reading k and set against readings k - 1 and
      * k + 1 as a token is against its two (run_paired) */
     int self_paired;           /* passes scored so (0: fewer than 2 tokens) */
-    int self_form;             /* the form used: 0 1 KB to L1, 1 4 KB to L2, 2 none */
+    int self_form;             /* the form used (cpu_probe_form_name) */
     double self_pct[3];        /* 25th percentile, median, 75th */
 } bench_result;
 
@@ -374,7 +374,7 @@ static void print_table(const bench_result *r)
     if (r->self_paired)
         printf("the paired test's own ceiling: one plain pass of the probe's loop (%s form), scored as a token is, "
                "%.1f%% median (quartiles %.1f-%.1f, %d passes)\n",
-               r->self_form == 0 ? "1 KB to L1" : r->self_form == 1 ? "4 KB to L2" : "no prefetch", r->self_pct[1],
+               cpu_probe_form_name(r->self_form), r->self_pct[1],
                r->self_pct[0], r->self_pct[2], r->self_paired);
     if (!a->no_probe && a->gpu)
         printf("GPU matrix peak (probe: cuBLAS bf16 GEMM 8192^3, fp32 accumulate): %.1f TFLOP/s\n",

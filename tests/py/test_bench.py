@@ -48,7 +48,7 @@ def test_paired_decode(model):
     assert all(v > 0 for v in q) and q == sorted(q), q
     g = [out[f"paired_probe_gb_s_{k}"] for k in ("min", "median", "max")]
     assert all(v > 0 for v in g) and g == sorted(g), g
-    # the test's own ceiling: readings 1..3 (of 0..5) scored as tokens are
+    # the test's own ceiling: readings 1..4 (of 0..5) scored as tokens are
     assert out["paired_self_passes"] == 4
     c = [out[f"paired_self_pct_{k}"] for k in ("p25", "median", "p75")]
     assert all(v > 0 for v in c) and c == sorted(c), c

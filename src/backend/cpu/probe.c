@@ -39,14 +39,13 @@ static double now_s(void)
 
 /* ---- streaming read ------------------------------------------------------------ */
 
-/* The loop in PROBE_VARIANTS forms, the software prefetch being the only
+/* The loop in CPU_PROBE_FORMS forms, the software prefetch being the only
  * difference: 1 KB ahead to L1 (the form every earlier figure used, tuned
  * on the Intel VM), 4 KB ahead to L2, and none (the hardware prefetchers
  * alone). On the Zen 5 VM the last two read 11-13 % faster than the first
  * (bench/RESULTS.md, 2026-12-01, "Prefetches to L2"); a probe must be the
  * best plain read these threads manage, so every measurement takes the
  * fastest of them. */
-enum { PROBE_VARIANTS = CPU_PROBE_FORMS };
 
 #if defined(__x86_64__)
 #define PROBE_SUM512(NAME, PF, HINT)                                                                    \
@@ -94,6 +93,13 @@ static float sum_plain(const float *p, size_t n)
     for (size_t i = 0; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++) acc[k] += p[i + k];
     return acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+}
+
+const char *cpu_probe_form_name(int form)
+{
+    cpu_isa isa = cpu_isa_active();
+    if (isa != CPU_ISA_AVX512 && isa != CPU_ISA_AVX2) return "plain loop"; /* every form is sum_plain */
+    return form == 0 ? "1 KB to L1" : form == 1 ? "4 KB to L2" : "no prefetch";
 }
 
 /* Sum n floats (n a multiple of 64, p 64-byte aligned) with variant v. */
@@ -178,7 +184,7 @@ double cpu_probe_read_forms(thread_pool *pool, const probe_region *r, int n, siz
             total += (units * (size_t)(t + 1) / (size_t)nth - units * (size_t)t / (size_t)nth) * 256;
     }
     double best = 1e30;
-    for (j.variant = 0; j.variant < PROBE_VARIANTS; j.variant++) {
+    for (j.variant = 0; j.variant < CPU_PROBE_FORMS; j.variant++) {
         double t0 = now_s();
         pool_run(pool, regions_task, &j, nth);
         double t = now_s() - t0;
@@ -216,7 +222,7 @@ spark_status cpu_probe_bandwidth(int n_threads, size_t bytes, int reps, double *
     read_job j = {.buf = buf, .n = bytes / sizeof(float), .isa = cpu_isa_active()};
     double best = 1e30;
     for (int r = 0; r < (reps > 0 ? reps : 1); r++)
-        for (j.variant = 0; j.variant < PROBE_VARIANTS; j.variant++) {
+        for (j.variant = 0; j.variant < CPU_PROBE_FORMS; j.variant++) {
             double t0 = now_s();
             pool_run(pool, read_task, &j, n_threads);
             double t = now_s() - t0;
