@@ -456,7 +456,7 @@ static int weight_regions(const spark_model *m, probe_region *out, int cap)
 static void settle(void) { usleep(3000); }
 
 /* The paired test's ceiling: a token is one timed pass, its floor the
- * fastest of six (three forms in each neighbouring reading), and the
+ * fastest of 2 x CPU_PROBE_FORMS (every form in each neighbouring reading), and the
  * machine's bandwidth moves from pass to pass, so even a plain read scores
  * below 100 % on this test. Reading k's pass in the form fastest over the
  * whole test (by median) stands in for a token between readings k - 1 and

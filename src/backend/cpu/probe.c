@@ -41,11 +41,13 @@ static double now_s(void)
 
 /* The loop in CPU_PROBE_FORMS forms, the software prefetch being the only
  * difference: 1 KB ahead to L1 (the form every earlier figure used, tuned
- * on the Intel VM), 4 KB ahead to L2, and none (the hardware prefetchers
- * alone). On the Zen 5 VM the last two read 11-13 % faster than the first
- * (bench/RESULTS.md, 2026-12-01, "Prefetches to L2"); a probe must be the
- * best plain read these threads manage, so every measurement takes the
- * fastest of them. */
+ * on the Intel VM), 4 KB ahead to L2, none (the hardware prefetchers
+ * alone), and 4 KB ahead non-temporal (what the 2-lane GEMVs do since
+ * 2026-12-02). On the Zen 5 VM the second and third read 11-13 % faster
+ * than the first (bench/RESULTS.md, 2026-12-01, "Prefetches to L2"); a
+ * probe must be the best plain read these threads manage, so every
+ * measurement takes the fastest of them, including any form the kernels
+ * use. */
 
 #if defined(__x86_64__)
 #define PROBE_SUM512(NAME, PF, HINT)                                                                    \
@@ -65,6 +67,7 @@ static double now_s(void)
 PROBE_SUM512(sum512_l1, 1024, _MM_HINT_T0)
 PROBE_SUM512(sum512_l2, 4096, _MM_HINT_T1)
 PROBE_SUM512(sum512_hw, 0, _MM_HINT_T0)
+PROBE_SUM512(sum512_nt, 4096, _MM_HINT_NTA)
 
 #define PROBE_SUM256(NAME, PF, HINT)                                                                    \
     __attribute__((target("avx2"))) static float NAME(const float *p, size_t n)                        \
@@ -85,6 +88,7 @@ PROBE_SUM512(sum512_hw, 0, _MM_HINT_T0)
 PROBE_SUM256(sum256_l1, 1024, _MM_HINT_T0)
 PROBE_SUM256(sum256_l2, 4096, _MM_HINT_T1)
 PROBE_SUM256(sum256_hw, 0, _MM_HINT_T0)
+PROBE_SUM256(sum256_nt, 4096, _MM_HINT_NTA)
 #endif
 
 static float sum_plain(const float *p, size_t n)
@@ -99,15 +103,18 @@ const char *cpu_probe_form_name(int form)
 {
     cpu_isa isa = cpu_isa_active();
     if (isa != CPU_ISA_AVX512 && isa != CPU_ISA_AVX2) return "plain loop"; /* every form is sum_plain */
-    return form == 0 ? "1 KB to L1" : form == 1 ? "4 KB to L2" : "no prefetch";
+    static const char *name[CPU_PROBE_FORMS] = {"1 KB to L1", "4 KB to L2", "no prefetch", "4 KB non-temporal"};
+    return form >= 0 && form < CPU_PROBE_FORMS ? name[form] : "?";
 }
 
 /* Sum n floats (n a multiple of 64, p 64-byte aligned) with variant v. */
 static float probe_sum(cpu_isa isa, int v, const float *p, size_t n)
 {
 #if defined(__x86_64__)
-    if (isa == CPU_ISA_AVX512) return v == 0 ? sum512_l1(p, n) : v == 1 ? sum512_l2(p, n) : sum512_hw(p, n);
-    if (isa == CPU_ISA_AVX2) return v == 0 ? sum256_l1(p, n) : v == 1 ? sum256_l2(p, n) : sum256_hw(p, n);
+    static float (*const f512[CPU_PROBE_FORMS])(const float *, size_t) = {sum512_l1, sum512_l2, sum512_hw, sum512_nt};
+    static float (*const f256[CPU_PROBE_FORMS])(const float *, size_t) = {sum256_l1, sum256_l2, sum256_hw, sum256_nt};
+    if (isa == CPU_ISA_AVX512) return f512[v](p, n);
+    if (isa == CPU_ISA_AVX2) return f256[v](p, n);
 #endif
     (void)v;
     return sum_plain(p, n);

@@ -34,9 +34,9 @@ struct thread_pool;
  * NULL) gets the bytes summed: each region trimmed to whole 64-byte lines,
  * each thread's share to whole 256-byte steps. */
 double cpu_probe_read_pass(struct thread_pool *pool, const probe_region *r, int n, size_t *bytes_read);
-/* The loop's prefetch forms (probe.c: 1 KB ahead to L1, 4 KB to L2, none),
- * and a form's name at the active ISA level. */
-enum { CPU_PROBE_FORMS = 3 };
+/* The loop's prefetch forms (probe.c: 1 KB ahead to L1, 4 KB to L2, none,
+ * 4 KB non-temporal), and a form's name at the active ISA level. */
+enum { CPU_PROBE_FORMS = 4 };
 const char *cpu_probe_form_name(int form);
 /* cpu_probe_read_pass that also gives each form's seconds in
  * form_s[CPU_PROBE_FORMS] (may be NULL). */
