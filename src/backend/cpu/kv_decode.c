@@ -51,42 +51,55 @@ static inline void tq_rows_scalar(int bits, const uint8_t *const *rows, int n, i
     }
 }
 
-static void tq2_scalar(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
+/* f16 / bf16 values [i, d) of a row: the vector loops' tails, and the scalar level */
+static inline void half_tail(int bf16, const uint8_t *p, int32_t i, int32_t d, float *o)
 {
-    tq_rows_scalar(2, rows, n, d, out, ld, scale);
-}
-static void tq3_scalar(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    tq_rows_scalar(3, rows, n, d, out, ld, scale);
-}
-static void tq4_scalar(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    tq_rows_scalar(4, rows, n, d, out, ld, scale);
-}
-
-static void f16_scalar(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    for (int r = 0; r < n; r++) {
-        scale[r] = 1.0f;
-        for (int32_t i = 0; i < d; i++) {
-            uint16_t h;
-            memcpy(&h, rows[r] + 2 * i, 2);
-            out[r * ld + i] = f16_to_f32(h);
-        }
+    for (; i < d; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        o[i] = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
     }
 }
 
-static void bf16_scalar(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
+static inline void half_rows_scalar(int bf16, const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld,
+                                    float *scale)
 {
     for (int r = 0; r < n; r++) {
         scale[r] = 1.0f;
-        for (int32_t i = 0; i < d; i++) {
-            uint16_t h;
-            memcpy(&h, rows[r] + 2 * i, 2);
-            out[r * ld + i] = bf16_to_f32(h);
-        }
+        half_tail(bf16, rows[r], 0, d, out + r * ld);
     }
 }
+
+/* The five decoders of one ISA level (kv_decode_fn each) from its
+ * tq_rows_<LEVEL> and half_rows_<LEVEL>. */
+#define KV_DECODERS(LEVEL, TARGET)                                                                          \
+    static TARGET void tq2_##LEVEL(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld,   \
+                                   float *scale)                                                            \
+    {                                                                                                       \
+        tq_rows_##LEVEL(2, rows, n, d, out, ld, scale);                                                     \
+    }                                                                                                       \
+    static TARGET void tq3_##LEVEL(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld,   \
+                                   float *scale)                                                            \
+    {                                                                                                       \
+        tq_rows_##LEVEL(3, rows, n, d, out, ld, scale);                                                     \
+    }                                                                                                       \
+    static TARGET void tq4_##LEVEL(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld,   \
+                                   float *scale)                                                            \
+    {                                                                                                       \
+        tq_rows_##LEVEL(4, rows, n, d, out, ld, scale);                                                     \
+    }                                                                                                       \
+    static TARGET void f16_##LEVEL(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld,   \
+                                   float *scale)                                                            \
+    {                                                                                                       \
+        half_rows_##LEVEL(0, rows, n, d, out, ld, scale);                                                   \
+    }                                                                                                       \
+    static TARGET void bf16_##LEVEL(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld,  \
+                                    float *scale)                                                           \
+    {                                                                                                       \
+        half_rows_##LEVEL(1, rows, n, d, out, ld, scale);                                                   \
+    }
+
+KV_DECODERS(scalar, )
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -120,19 +133,6 @@ static inline AVX2_TARGET void tq_rows_avx2(int bits, const uint8_t *const *rows
     }
 }
 
-static AVX2_TARGET void tq2_avx2(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    tq_rows_avx2(2, rows, n, d, out, ld, scale);
-}
-static AVX2_TARGET void tq3_avx2(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    tq_rows_avx2(3, rows, n, d, out, ld, scale);
-}
-static AVX2_TARGET void tq4_avx2(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    tq_rows_avx2(4, rows, n, d, out, ld, scale);
-}
-
 static AVX2_TARGET void half_rows_avx2(int bf16, const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld,
                                        float *scale)
 {
@@ -146,22 +146,11 @@ static AVX2_TARGET void half_rows_avx2(int bf16, const uint8_t *const *rows, int
             __m256 v = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
             _mm256_storeu_ps(o + i, v);
         }
-        for (; i < d; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            o[i] = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-        }
+        half_tail(bf16, p, i, d, o);
     }
 }
 
-static AVX2_TARGET void f16_avx2(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    half_rows_avx2(0, rows, n, d, out, ld, scale);
-}
-static AVX2_TARGET void bf16_avx2(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    half_rows_avx2(1, rows, n, d, out, ld, scale);
-}
+KV_DECODERS(avx2, AVX2_TARGET)
 
 /* ---- AVX-512: 16 lanes ---------------------------------------------------------- */
 
@@ -188,19 +177,6 @@ static inline AVX512_TARGET void tq_rows_avx512(int bits, const uint8_t *const *
     }
 }
 
-static AVX512_TARGET void tq2_avx512(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    tq_rows_avx512(2, rows, n, d, out, ld, scale);
-}
-static AVX512_TARGET void tq3_avx512(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    tq_rows_avx512(3, rows, n, d, out, ld, scale);
-}
-static AVX512_TARGET void tq4_avx512(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    tq_rows_avx512(4, rows, n, d, out, ld, scale);
-}
-
 static AVX512_TARGET void half_rows_avx512(int bf16, const uint8_t *const *rows, int n, int32_t d, float *out,
                                            int64_t ld, float *scale)
 {
@@ -214,23 +190,11 @@ static AVX512_TARGET void half_rows_avx512(int bf16, const uint8_t *const *rows,
             __m512 v = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
             _mm512_storeu_ps(o + i, v);
         }
-        for (; i < d; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            o[i] = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-        }
+        half_tail(bf16, p, i, d, o);
     }
 }
 
-static AVX512_TARGET void f16_avx512(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld, float *scale)
-{
-    half_rows_avx512(0, rows, n, d, out, ld, scale);
-}
-static AVX512_TARGET void bf16_avx512(const uint8_t *const *rows, int n, int32_t d, float *out, int64_t ld,
-                                      float *scale)
-{
-    half_rows_avx512(1, rows, n, d, out, ld, scale);
-}
+KV_DECODERS(avx512, AVX512_TARGET)
 #endif /* __x86_64__ */
 
 /* ---- selection ------------------------------------------------------------------- */

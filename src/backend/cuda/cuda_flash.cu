@@ -36,6 +36,7 @@
  * row in a workspace and a merge kernel combines them, applying the gate.
  */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_device.cuh"
 
 #include <cuda_bf16.h>
 #include <math.h>
@@ -44,6 +45,8 @@
 #include <string.h>
 
 namespace {
+
+using spark_dev::smem_u32;
 
 constexpr int FL_WARPS = 4, FL_BM = 16 * FL_WARPS; /* row groups of 16; each is 1 or 2 warps (NS) */
 constexpr float LOG2E = 1.4426950408889634f;
@@ -61,7 +64,6 @@ template <int DP> struct fl_cfg {
     static constexpr size_t SMEM = (size_t)(2 * Q_ELEMS + 4 * KV_ELEMS) * 2 + (size_t)(2 * ST_FLOATS + SX_FLOATS) * 4;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p)
 {
