@@ -305,28 +305,25 @@ __device__ __forceinline__ key_range split_keys(const cu_kv_attn_args &a, int t,
     return {pos0, j_begin, j_end};
 }
 
+/* The block's query heads (kh's group of G) into shared memory, scaled and
+ * zero-padded to MAXD; for TurboQuant formats rotated as the keys were
+ * (signs, Walsh-Hadamard, 1/sqrt(D)), and the formats' codebooks beside them. */
 template <int KK, int VK, int GMAX>
-__global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn_kernel(cu_kv_attn_args a)
+__device__ __forceinline__ void load_queries(const cu_kv_attn_args &a, int t, int kh, float (&qs)[GMAX][MAXD],
+                                             float (&cbk)[16], float (&cbv)[16])
 {
     constexpr bool TQ = KK < 16;
     const int D = a.head_dim, G = a.n_head / a.n_head_kv;
-    const int t = blockIdx.x / a.n_head_kv, kh = blockIdx.x % a.n_head_kv, split = blockIdx.y;
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const key_range kr = split_keys(a, t, split);
-    const int64_t pos0 = kr.pos0, j_begin = kr.j_begin, j_end = kr.j_end;
-
-    __shared__ float qs[GMAX][MAXD];
-    __shared__ float cbk[16], cbv[16];
     const float *qrow = a.qkv + (int64_t)t * a.qkv_stride;
-    for (int i = threadIdx.x; i < GMAX * D; i += blockDim.x) {
-        int g = i / D, d = i % D;
-        qs[g][d] = g < G ? qrow[(int64_t)(kh * G + g) * D + d] * a.scale : 0.0f;
+    for (int i = threadIdx.x; i < GMAX * MAXD; i += blockDim.x) {
+        int g = i / MAXD, d = i % MAXD;
+        qs[g][d] = g < G && d < D ? qrow[(int64_t)(kh * G + g) * D + d] * a.scale : 0.0f;
+    }
+    if (threadIdx.x < 16) {
+        cbk[threadIdx.x] = TQ ? d_cent[KK][threadIdx.x & ((1 << KK) - 1)] : 0.0f;
+        cbv[threadIdx.x] = TQ ? d_cent[VK][threadIdx.x & ((1 << VK) - 1)] : 0.0f;
     }
     if (TQ) {
-        if (threadIdx.x < 16) {
-            cbk[threadIdx.x] = d_cent[KK][threadIdx.x & ((1 << KK) - 1)];
-            cbv[threadIdx.x] = d_cent[VK][threadIdx.x & ((1 << VK) - 1)];
-        }
         __syncthreads();
         for (int i = threadIdx.x; i < GMAX * D; i += blockDim.x) qs[i / D][i % D] *= d_signs[i % D];
         for (int g = 0; g < GMAX; g++) fwht_smem(qs[g], D);
@@ -334,6 +331,56 @@ __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn_kernel(cu_kv_attn_arg
         for (int i = threadIdx.x; i < GMAX * D; i += blockDim.x) qs[i / D][i % D] *= nrm;
     }
     __syncthreads();
+}
+
+/* The end of both attention kernels: merge the block's warps' running
+ * states (max, sum, lane l's dims [8l, 8l + 8) of each head's output) and
+ * write this split's (max, sum, output) for kv_merge_kernel. */
+template <int GMAX>
+__device__ __forceinline__ void write_split(const cu_kv_attn_args &a, int t, int kh, int split, const float (&m)[GMAX],
+                                            const float (&l)[GMAX], const float (&acc)[GMAX][8])
+{
+    static_assert(MAXD == 8 * WARP, "a lane holds 8 dims of a head");
+    const int D = a.head_dim, G = a.n_head / a.n_head_kv;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    __shared__ float sm_m[KA_WARPS][GMAX], sm_l[KA_WARPS][GMAX];
+    __shared__ float sm_acc[KA_WARPS][GMAX][MAXD];
+#pragma unroll
+    for (int g = 0; g < GMAX; g++) {
+        if (lane == 0) {
+            sm_m[warp][g] = m[g];
+            sm_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) sm_acc[warp][g][lane * 8 + e] = acc[g][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        int g = i / D, d = i % D;
+        float M, L, A; /* (an empty warp's exp(-inf) weight adds its zeros) */
+        att_merge_warps<KA_WARPS, MAXD / WARP, GMAX>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
+        int h = kh * G + g;
+        float *ws = a.ws + (((int64_t)t * a.n_head + h) * a.splits + split) * (D + 2);
+        if (d == 0) {
+            ws[0] = M;
+            ws[1] = L;
+        }
+        ws[2 + d] = A;
+    }
+}
+
+template <int KK, int VK, int GMAX>
+__global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn_kernel(cu_kv_attn_args a)
+{
+    const int D = a.head_dim;
+    const int t = blockIdx.x / a.n_head_kv, kh = blockIdx.x % a.n_head_kv, split = blockIdx.y;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const key_range kr = split_keys(a, t, split);
+    const int64_t pos0 = kr.pos0, j_begin = kr.j_begin, j_end = kr.j_end;
+
+    __shared__ __align__(16) float qs[GMAX][MAXD];
+    __shared__ float cbk[16], cbv[16];
+    load_queries<KK, VK, GMAX>(a, t, kh, qs, cbk, cbv);
 
     float q[GMAX][8], acc[GMAX][8], m[GMAX], l[GMAX];
 #pragma unroll
@@ -414,32 +461,7 @@ __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn_kernel(cu_kv_attn_arg
         }
     }
 
-    /* merge the warps' states; write this split's (max, sum, output) */
-    __shared__ float sm_m[KA_WARPS][GMAX], sm_l[KA_WARPS][GMAX];
-    __shared__ float sm_acc[KA_WARPS][GMAX][MAXD];
-#pragma unroll
-    for (int g = 0; g < GMAX; g++) {
-        if (lane == 0) {
-            sm_m[warp][g] = m[g];
-            sm_l[warp][g] = l[g];
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            if (lane * 8 + e < MAXD) sm_acc[warp][g][lane * 8 + e] = acc[g][e];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-        int g = i / D, d = i % D;
-        float M, L, A; /* (an empty warp's exp(-inf) weight adds its zeros) */
-        att_merge_warps<KA_WARPS, MAXD / WARP, GMAX>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
-        int h = kh * G + g;
-        float *ws = a.ws + (((int64_t)t * a.n_head + h) * a.splits + split) * (D + 2);
-        if (d == 0) {
-            ws[0] = M;
-            ws[1] = L;
-        }
-        ws[2 + d] = A;
-    }
+    write_split<GMAX>(a, t, kh, split, m, l, acc);
 }
 
 /* The same attention, keys over lanes (the default; SPARK_CUDA_KV_ATTN=0
@@ -492,8 +514,7 @@ __device__ __forceinline__ float row_scale(const uint8_t *row)
 template <int KK, int VK, int GMAX>
 __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn2_kernel(cu_kv_attn_args a)
 {
-    constexpr bool TQ = KK < 16;
-    const int D = a.head_dim, G = a.n_head / a.n_head_kv;
+    const int D = a.head_dim;
     const int t = blockIdx.x / a.n_head_kv, kh = blockIdx.x % a.n_head_kv, split = blockIdx.y;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const key_range kr = split_keys(a, t, split);
@@ -506,23 +527,7 @@ __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn2_kernel(cu_kv_attn_ar
     __shared__ __align__(16) float qs[GMAX][MAXD];
     __shared__ float cbk[16], cbv[16];
     __shared__ __align__(16) float ps[KA_WARPS][WARP][GMAX];
-    const float *qrow = a.qkv + (int64_t)t * a.qkv_stride;
-    for (int i = threadIdx.x; i < GMAX * MAXD; i += blockDim.x) {
-        int g = i / MAXD, d = i % MAXD;
-        qs[g][d] = g < G && d < D ? qrow[(int64_t)(kh * G + g) * D + d] * a.scale : 0.0f;
-    }
-    if (threadIdx.x < 16) {
-        cbk[threadIdx.x] = TQ ? d_cent[KK][threadIdx.x & ((1 << KK) - 1)] : 0.0f;
-        cbv[threadIdx.x] = TQ ? d_cent[VK][threadIdx.x & ((1 << VK) - 1)] : 0.0f;
-    }
-    if (TQ) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < GMAX * D; i += blockDim.x) qs[i / D][i % D] *= d_signs[i % D];
-        for (int g = 0; g < GMAX; g++) fwht_smem(qs[g], D);
-        const float nrm = 1.0f / sqrtf((float)D);
-        for (int i = threadIdx.x; i < GMAX * D; i += blockDim.x) qs[i / D][i % D] *= nrm;
-    }
-    __syncthreads();
+    load_queries<KK, VK, GMAX>(a, t, kh, qs, cbk, cbv);
 
     const int64_t rbk = row_bytes(a.fmt, 0, D), rbv = row_bytes(a.fmt, 1, D);
     float acc[GMAX][8], m[GMAX], l[GMAX];
@@ -626,30 +631,7 @@ __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn2_kernel(cu_kv_attn_ar
 #pragma unroll
     for (int g = 0; g < GMAX; g++) l[g] = warp_sum(l[g]);
 
-    __shared__ float sm_m[KA_WARPS][GMAX], sm_l[KA_WARPS][GMAX];
-    __shared__ float sm_acc[KA_WARPS][GMAX][MAXD];
-#pragma unroll
-    for (int g = 0; g < GMAX; g++) {
-        if (lane == 0) {
-            sm_m[warp][g] = m[g];
-            sm_l[warp][g] = l[g];
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) sm_acc[warp][g][lane * 8 + e] = acc[g][e];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-        int g = i / D, d = i % D;
-        float M, L, A; /* (an empty warp's exp(-inf) weight adds its zeros) */
-        att_merge_warps<KA_WARPS, MAXD / WARP, GMAX>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
-        int h = kh * G + g;
-        float *ws = a.ws + (((int64_t)t * a.n_head + h) * a.splits + split) * (D + 2);
-        if (d == 0) {
-            ws[0] = M;
-            ws[1] = L;
-        }
-        ws[2 + d] = A;
-    }
+    write_split<GMAX>(a, t, kh, split, m, l, acc);
 }
 
 /* One block per (token, head): combine the splits, normalise, de-rotate
