@@ -685,6 +685,18 @@ static void test_gemv_lane_layouts(void)
         free(y[0]);
         free(y[1]);
     }
+    /* the far prefetches' hint: SPARK_GEMV_FAR_NTA=0|1 sets it, else the vendor (AMD: nta) */
+    const char *nta_env[3] = {"0", "1", NULL};
+    for (int k = 0; k < 3; k++) {
+        if (nta_env[k]) setenv("SPARK_GEMV_FAR_NTA", nta_env[k], 1);
+        backend *be = NULL;
+        CHECK(backend_cpu_create(1, &be) == SPARK_OK);
+        unsetenv("SPARK_GEMV_FAR_NTA");
+        int want = k < 2 ? k : cpu_is_amd();
+        CHECK_MSG(cpu_far_prefetch_nta == want, "SPARK_GEMV_FAR_NTA=%s: the hint is %d, expected %d",
+                  nta_env[k] ? nta_env[k] : "(unset)", cpu_far_prefetch_nta, want);
+        if (be) be->ops->destroy(be);
+    }
     printf("  2-lane layouts: %d products bit-identical to gemv_x16 / gemv\n", checked);
     rng = saved;
 }

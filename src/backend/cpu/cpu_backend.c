@@ -394,9 +394,13 @@ spark_status backend_cpu_create(int n_threads, backend **out)
      * streamed 1.1-1.7x faster so on the Zen 5 VM; 8 lanes at 1 KB
      * elsewhere, measured ahead of 2 on the Intel VM (bench/RESULTS.md,
      * 2026-11-30 and 2026-12-01). SPARK_GEMV_LANES=2|8 forces one. The
-     * results are the same bits either way. */
+     * results are the same bits either way. The 2-lane far prefetches'
+     * hint (cpu_far_prefetch_nta, SPARK_GEMV_FAR_NTA=0|1) is process-wide:
+     * the backend created last sets it. */
     const char *lanes = getenv("SPARK_GEMV_LANES");
     int two_lanes = lanes && (!strcmp(lanes, "2") || !strcmp(lanes, "8")) ? !strcmp(lanes, "2") : cpu_is_amd();
+    const char *nta = getenv("SPARK_GEMV_FAR_NTA");
+    cpu_far_prefetch_nta = nta && (!strcmp(nta, "0") || !strcmp(nta, "1")) ? !strcmp(nta, "1") : cpu_is_amd();
     for (int d = 0; d < SPARK_DTYPE_COUNT && two_lanes; d++) {
         if (cb->k.x8.gemv_x16[d] && cb->k.x8.gemv_x16_2l[d]) cb->k.x8.gemv_x16[d] = cb->k.x8.gemv_x16_2l[d];
         if (cb->k.gemv_2l[d]) cb->k.gemv[d] = cb->k.gemv_2l[d];

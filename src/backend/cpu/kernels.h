@@ -163,6 +163,14 @@ void cpu_pack_tokens(float *xp, const float *x, int64_t xs, int n, int64_t cols,
  * straight from memory (a load) instead of converting it (vector ALU work). */
 extern float cpu_f16_table[65536];
 
+/* The 2-lane GEMVs' far prefetches (4 KB ahead) are non-temporal
+ * (prefetchnta) when this is set, to L2 (prefetcht1) otherwise; set by the
+ * CPU backend when it is created: on AMD, or as SPARK_GEMV_FAR_NTA=0|1 says.
+ * On the Zen 5 VM nta decoded the 4B model 2-5 % faster; on the Intel
+ * (Sapphire Rapids) VM it made the same kernels 2.6x slower
+ * (bench/RESULTS.md, 2026-12-02, "Non-temporal far prefetches"). */
+extern int cpu_far_prefetch_nta;
+
 /* Per-level tables (NULL-entry fields are filled by cpu_kernels_resolve). */
 extern const cpu_kernels cpu_kernels_scalar;
 #if defined(__x86_64__)

@@ -262,6 +262,7 @@ static void fill_missing(cpu_kernels *k)
 }
 
 float cpu_f16_table[65536];
+int cpu_far_prefetch_nta;
 
 static void fill_f16_table(void)
 {
