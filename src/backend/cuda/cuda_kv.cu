@@ -221,33 +221,24 @@ __global__ void kv_fill_kernel(uint8_t *cache, int64_t rows, int64_t rb, int D, 
 
 /* ---- attention ---------------------------------------------------------------- */
 
-/* The raw bytes of lane's 8 coordinates of a row, and the row's scale. */
+/* The raw bytes of a row's 8 coordinates [d0, d0 + 8) (d0 < D; zeros past D). */
 template <int KIND>
-__device__ __forceinline__ void load_row(const uint8_t *row, int lane, int D, uint4 &raw, float &scale)
+__device__ __forceinline__ uint4 load_chunk(const uint8_t *row, int d0, int D)
 {
-    raw = make_uint4(0, 0, 0, 0);
+    uint4 raw = make_uint4(0, 0, 0, 0);
     if (KIND == K_F16 || KIND == K_BF16) {
-        scale = 1.0f;
-        if (lane * 8 >= D) return;
         if ((D & 7) == 0) {
-            raw = *(const uint4 *)(row + lane * 16);
+            raw = *(const uint4 *)(row + d0 * 2);
         } else {
             uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int e = 0; e < 8 && lane * 8 + e < D; e++) h[e] = ((const uint16_t *)row)[lane * 8 + e];
+            for (int e = 0; e < 8 && d0 + e < D; e++) h[e] = ((const uint16_t *)row)[d0 + e];
             raw.x = h[0] | (uint32_t)h[1] << 16;
             raw.y = h[2] | (uint32_t)h[3] << 16;
             raw.z = h[4] | (uint32_t)h[5] << 16;
             raw.w = h[6] | (uint32_t)h[7] << 16;
         }
     } else {
-        if (((uintptr_t)row & 3) == 0) {
-            scale = *(const float *)row;
-        } else {
-            uint32_t u = row[0] | (uint32_t)row[1] << 8 | (uint32_t)row[2] << 16 | (uint32_t)row[3] << 24;
-            scale = __uint_as_float(u);
-        }
-        if (lane * 8 >= D) return;
-        const uint8_t *p = row + 4 + lane * KIND; /* 8 indices of KIND bits = KIND bytes */
+        const uint8_t *p = row + 4 + (d0 / 8) * KIND;
         if (KIND == 4 && ((uintptr_t)p & 3) == 0) {
             raw.x = *(const uint32_t *)p;
         } else if (KIND == 2 && ((uintptr_t)p & 1) == 0) {
@@ -259,6 +250,24 @@ __device__ __forceinline__ void load_row(const uint8_t *row, int lane, int D, ui
             raw.x = w;
         }
     }
+    return raw;
+}
+
+/* A row's scale (its first 4 bytes in the coded formats, 1 for f16 / bf16). */
+template <int KIND>
+__device__ __forceinline__ float row_scale(const uint8_t *row)
+{
+    if (KIND == K_F16 || KIND == K_BF16) return 1.0f;
+    if (((uintptr_t)row & 3) == 0) return *(const float *)row;
+    return __uint_as_float(row[0] | (uint32_t)row[1] << 8 | (uint32_t)row[2] << 16 | (uint32_t)row[3] << 24);
+}
+
+/* The raw bytes of lane's 8 coordinates of a row (zeros past D), and the row's scale. */
+template <int KIND>
+__device__ __forceinline__ void load_row(const uint8_t *row, int lane, int D, uint4 &raw, float &scale)
+{
+    scale = row_scale<KIND>(row);
+    raw = lane * 8 < D ? load_chunk<KIND>(row, lane * 8, D) : make_uint4(0, 0, 0, 0);
 }
 
 template <int KIND>
@@ -472,45 +481,6 @@ __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn_kernel(cu_kv_attn_arg
  * shared memory; then lanes switch to dims (lane l: dims [8l, 8l + 8)) and
  * walk the 32 value rows, 8 loads in flight. Per key this is ~3x fewer
  * instructions than a warp-wide dot product per (key, head). */
-template <int KIND>
-__device__ __forceinline__ uint4 load_chunk(const uint8_t *row, int d0, int D)
-{
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (KIND == K_F16 || KIND == K_BF16) {
-        if ((D & 7) == 0) {
-            raw = *(const uint4 *)(row + d0 * 2);
-        } else {
-            uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int e = 0; e < 8 && d0 + e < D; e++) h[e] = ((const uint16_t *)row)[d0 + e];
-            raw.x = h[0] | (uint32_t)h[1] << 16;
-            raw.y = h[2] | (uint32_t)h[3] << 16;
-            raw.z = h[4] | (uint32_t)h[5] << 16;
-            raw.w = h[6] | (uint32_t)h[7] << 16;
-        }
-    } else {
-        const uint8_t *p = row + 4 + (d0 / 8) * KIND;
-        if (KIND == 4 && ((uintptr_t)p & 3) == 0) {
-            raw.x = *(const uint32_t *)p;
-        } else if (KIND == 2 && ((uintptr_t)p & 1) == 0) {
-            raw.x = *(const uint16_t *)p;
-        } else {
-            uint32_t w = 0;
-#pragma unroll
-            for (int i = 0; i < KIND; i++) w |= (uint32_t)p[i] << (8 * i);
-            raw.x = w;
-        }
-    }
-    return raw;
-}
-
-template <int KIND>
-__device__ __forceinline__ float row_scale(const uint8_t *row)
-{
-    if (KIND == K_F16 || KIND == K_BF16) return 1.0f;
-    if (((uintptr_t)row & 3) == 0) return *(const float *)row;
-    return __uint_as_float(row[0] | (uint32_t)row[1] << 8 | (uint32_t)row[2] << 16 | (uint32_t)row[3] << 24);
-}
-
 template <int KK, int VK, int GMAX>
 __global__ void __launch_bounds__(KA_WARPS * WARP) kv_attn2_kernel(cu_kv_attn_args a)
 {
