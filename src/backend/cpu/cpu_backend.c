@@ -364,6 +364,13 @@ static const backend_ops cpu_ops = {
     .candidates = cpu_candidates,
 };
 
+/* An environment switch: `on` or `off` picks that; unset or anything else, the default. */
+static int env_switch(const char *name, const char *on, const char *off, int dflt)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, on) ? 1 : v && !strcmp(v, off) ? 0 : dflt;
+}
+
 spark_status backend_cpu_create(int n_threads, backend **out)
 {
     *out = NULL;
@@ -397,10 +404,8 @@ spark_status backend_cpu_create(int n_threads, backend **out)
      * results are the same bits either way. The 2-lane far prefetches'
      * hint (cpu_far_prefetch_nta, SPARK_GEMV_FAR_NTA=0|1) is process-wide:
      * the backend created last sets it. */
-    const char *lanes = getenv("SPARK_GEMV_LANES");
-    int two_lanes = lanes && (!strcmp(lanes, "2") || !strcmp(lanes, "8")) ? !strcmp(lanes, "2") : cpu_is_amd();
-    const char *nta = getenv("SPARK_GEMV_FAR_NTA");
-    cpu_far_prefetch_nta = nta && (!strcmp(nta, "0") || !strcmp(nta, "1")) ? !strcmp(nta, "1") : cpu_is_amd();
+    const int two_lanes = env_switch("SPARK_GEMV_LANES", "2", "8", cpu_is_amd());
+    cpu_far_prefetch_nta = env_switch("SPARK_GEMV_FAR_NTA", "1", "0", cpu_is_amd());
     for (int d = 0; d < SPARK_DTYPE_COUNT && two_lanes; d++) {
         if (cb->k.x8.gemv_x16[d] && cb->k.x8.gemv_x16_2l[d]) cb->k.x8.gemv_x16[d] = cb->k.x8.gemv_x16_2l[d];
         if (cb->k.gemv_2l[d]) cb->k.gemv[d] = cb->k.gemv_2l[d];
