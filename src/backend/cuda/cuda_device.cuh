@@ -136,8 +136,9 @@ __device__ __forceinline__ void att_tile(const float (&q)[GMAX][E], const float 
     }
 }
 
-/* A warp's softmax state into the block's shared arrays (row `warp`). */
-template <int W, int E, int GMAX>
+/* A warp's softmax state into the block's shared arrays (row `warp`); lane
+ * l's acc[g][e] is dim l + WARP * e, or with LANE_DIMS dim E * l + e. */
+template <int W, int E, int GMAX, bool LANE_DIMS = false>
 __device__ __forceinline__ void att_store_warp(float (&sm_m)[W][GMAX], float (&sm_l)[W][GMAX],
                                                float (&sm_acc)[W][GMAX][E * WARP], int warp, int lane,
                                                const float (&m)[GMAX], const float (&l)[GMAX],
@@ -150,7 +151,7 @@ __device__ __forceinline__ void att_store_warp(float (&sm_m)[W][GMAX], float (&s
             sm_l[warp][g] = l[g];
         }
 #pragma unroll
-        for (int e = 0; e < E; e++) sm_acc[warp][g][lane + WARP * e] = acc[g][e];
+        for (int e = 0; e < E; e++) sm_acc[warp][g][LANE_DIMS ? E * lane + e : lane + WARP * e] = acc[g][e];
     }
 }
 

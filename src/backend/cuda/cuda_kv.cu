@@ -354,15 +354,7 @@ __device__ __forceinline__ void write_split(const cu_kv_attn_args &a, int t, int
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     __shared__ float sm_m[KA_WARPS][GMAX], sm_l[KA_WARPS][GMAX];
     __shared__ float sm_acc[KA_WARPS][GMAX][MAXD];
-#pragma unroll
-    for (int g = 0; g < GMAX; g++) {
-        if (lane == 0) {
-            sm_m[warp][g] = m[g];
-            sm_l[warp][g] = l[g];
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) sm_acc[warp][g][lane * 8 + e] = acc[g][e];
-    }
+    att_store_warp<KA_WARPS, MAXD / WARP, GMAX, true>(sm_m, sm_l, sm_acc, warp, lane, m, l, acc);
     __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         int g = i / D, d = i % D;
