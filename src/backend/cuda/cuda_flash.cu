@@ -64,7 +64,6 @@ template <int DP> struct fl_cfg {
     static constexpr size_t SMEM = (size_t)(2 * Q_ELEMS + 4 * KV_ELEMS) * 2 + (size_t)(2 * ST_FLOATS + SX_FLOATS) * 4;
 };
 
-
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
