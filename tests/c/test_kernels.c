@@ -560,15 +560,21 @@ static void run_float_2l(const rows_gemv *g, int64_t s0, int64_t n, float *y)
     g->k->gemv_2l[g->dt](g->m + (size_t)s0 * g->rb, g->rb, n, g->c, g->x, g->c, g->nt, y, n);
 }
 
+static void run_float_3l(const rows_gemv *g, int64_t s0, int64_t n, float *y)
+{
+    g->k->gemv_3l[g->dt](g->m + (size_t)s0 * g->rb, g->rb, n, g->c, g->x, g->c, g->nt, y, n);
+}
+
 static void run_x16_2l(const rows_gemv *g, int64_t s0, int64_t n, float *y)
 {
     g->k8->gemv_x16_2l[g->dt](g->m + (size_t)s0 * g->rb, g->rb, n, g->c, (const int16_t *)g->xq, g->xd, g->xs, y);
 }
 
-/* The 2-lane layouts (x8.gemv_x16_2l and gemv_2l, the default on AMD) give
- * the same bits as gemv_x16 / gemv for every row (NaN-filled outputs: a row it
- * skips fails too) and regroups exactly; a backend made with
- * SPARK_GEMV_LANES=2 / 8 takes that layout / gemv_x16, with identical
+/* The 2-lane layouts (x8.gemv_x16_2l and gemv_2l, the default on AMD) and
+ * the float formats' 3-lane one (gemv_3l, the default elsewhere) give the
+ * same bits as gemv_x16 / gemv for every row (NaN-filled outputs: a row it
+ * skips fails too) and regroup exactly; a backend made with
+ * SPARK_GEMV_LANES=2 / 3 / 8 / unset takes that layout, with identical
  * matmul results. */
 static void test_gemv_lane_layouts(void)
 {
@@ -619,40 +625,45 @@ static void test_gemv_lane_layouts(void)
                 }
         }
     }
-    /* the float GEMVs' 2-lane layout (f32 / f16 / bf16), every token count */
+    /* the float GEMVs' 2- and 3-lane layouts (f32 / f16 / bf16), every token count */
     for (int li = 0; li < N_ISAS; li++) {
         cpu_kernels k;
         if (!cpu_kernels_resolve(all_isas[li], &k)) continue;
-        for (int dt = 0; dt < SPARK_DTYPE_COUNT; dt++) {
-            if (!k.gemv_2l[dt]) continue;
-            for (int ri = 0; ri < 5; ri++)
-                for (int nt = 1; nt <= GEMV_MAX_TOKENS; nt++) {
-                    int64_t rows = row_counts[ri], c = 2560 + 17 * (dt == SPARK_DTYPE_F32); /* and a vector tail */
-                    size_t rb;
-                    uint8_t *m = random_matrix((spark_dtype)dt, rows, c, &rb);
-                    float *x = random_floats(GEMV_MAX_TOKENS * c);
-                    float *a = malloc((size_t)(rows * nt) * sizeof(float)), *b = malloc((size_t)(rows * nt) * sizeof(float));
-                    for (int64_t r = 0; r < rows * nt; r++) a[r] = b[r] = NAN;
-                    k.gemv[dt](m, rb, rows, c, x, c, nt, a, rows);
-                    k.gemv_2l[dt](m, rb, rows, c, x, c, nt, b, rows);
-                    int bad = 0;
-                    for (int64_t r = 0; r < rows * nt; r++) bad += isnan(b[r]) || memcmp(&a[r], &b[r], sizeof(float)) != 0;
-                    CHECK_MSG(bad == 0, "%s 2-lane gemv %s rows %lld nt %d: %d outputs differ from gemv",
-                              cpu_isa_name(all_isas[li]), dtype_name((spark_dtype)dt), (long long)rows, nt, bad);
-                    if (rows == 301 && nt == 1) {
-                        const rows_gemv g = {.run = run_float_2l, .k = &k, .dt = (spark_dtype)dt, .m = m, .rb = rb,
-                                             .c = c, .nt = 1, .x = x};
-                        bad = regroup_mismatches(&g, 45, starts, a, b);
-                        CHECK_MSG(bad == 0, "%s 2-lane gemv %s: %d outputs change with the grouping",
-                                  cpu_isa_name(all_isas[li]), dtype_name((spark_dtype)dt), bad);
+        for (int lay = 0; lay < 2; lay++)
+            for (int dt = 0; dt < SPARK_DTYPE_COUNT; dt++) {
+                gemv_fn alt = lay ? k.gemv_3l[dt] : k.gemv_2l[dt];
+                if (!alt) continue;
+                for (int ri = 0; ri < 5; ri++)
+                    for (int nt = 1; nt <= GEMV_MAX_TOKENS; nt++) {
+                        int64_t rows = row_counts[ri], c = 2560 + 17 * (dt == SPARK_DTYPE_F32); /* and a vector tail */
+                        size_t rb;
+                        uint8_t *m = random_matrix((spark_dtype)dt, rows, c, &rb);
+                        float *x = random_floats(GEMV_MAX_TOKENS * c);
+                        float *a = malloc((size_t)(rows * nt) * sizeof(float)),
+                              *b = malloc((size_t)(rows * nt) * sizeof(float));
+                        for (int64_t r = 0; r < rows * nt; r++) a[r] = b[r] = NAN;
+                        k.gemv[dt](m, rb, rows, c, x, c, nt, a, rows);
+                        alt(m, rb, rows, c, x, c, nt, b, rows);
+                        int bad = 0;
+                        for (int64_t r = 0; r < rows * nt; r++)
+                            bad += isnan(b[r]) || memcmp(&a[r], &b[r], sizeof(float)) != 0;
+                        CHECK_MSG(bad == 0, "%s %d-lane gemv %s rows %lld nt %d: %d outputs differ from gemv",
+                                  cpu_isa_name(all_isas[li]), 2 + lay, dtype_name((spark_dtype)dt), (long long)rows,
+                                  nt, bad);
+                        if (rows == 301 && nt == 1) {
+                            const rows_gemv g = {.run = lay ? run_float_3l : run_float_2l, .k = &k,
+                                                 .dt = (spark_dtype)dt, .m = m, .rb = rb, .c = c, .nt = 1, .x = x};
+                            bad = regroup_mismatches(&g, 45, starts, a, b);
+                            CHECK_MSG(bad == 0, "%s %d-lane gemv %s: %d outputs change with the grouping",
+                                      cpu_isa_name(all_isas[li]), 2 + lay, dtype_name((spark_dtype)dt), bad);
+                        }
+                        checked++;
+                        free(m);
+                        free(x);
+                        free(a);
+                        free(b);
                     }
-                    checked++;
-                    free(m);
-                    free(x);
-                    free(a);
-                    free(b);
-                }
-        }
+            }
     }
     /* the backend's choice, and its matmul through either layout */
     cpu_kernels ref;
@@ -662,28 +673,37 @@ static void test_gemv_lane_layouts(void)
         size_t rb;
         uint8_t *m = random_matrix(SPARK_DTYPE_Q8_0, rows, cols, &rb);
         weight_ref w = {.name = "w", .dtype = SPARK_DTYPE_Q8_0, .rows = rows, .cols = cols, .data = m};
-        float *x = x8_activations(cols), *y[2];
-        for (int k = 0; k < 2; k++) {
-            setenv("SPARK_GEMV_LANES", k ? "2" : "8", 1);
+        /* SPARK_GEMV_LANES: 8, 2, 3, and unset (AMD: 2; elsewhere 3 for the
+         * float formats, 8 for Q8_0) */
+        static const char *lanes_env[4] = {"8", "2", "3", NULL};
+        float *x = x8_activations(cols), *y[4];
+        for (int k = 0; k < 4; k++) {
+            const char *e = lanes_env[k] ? lanes_env[k] : cpu_is_amd() ? "2" : "3";
+            if (lanes_env[k]) setenv("SPARK_GEMV_LANES", lanes_env[k], 1);
             backend *be = NULL;
             CHECK(backend_cpu_create(2, &be) == SPARK_OK);
             unsetenv("SPARK_GEMV_LANES");
             const cpu_x8_kernels *t = &cpu_of(be)->k.x8;
-            gemv_x16_fn want = k ? ref.x8.gemv_x16_2l[SPARK_DTYPE_Q8_0] : ref.x8.gemv_x16[SPARK_DTYPE_Q8_0];
+            gemv_x16_fn want = *e == '2' ? ref.x8.gemv_x16_2l[SPARK_DTYPE_Q8_0] : ref.x8.gemv_x16[SPARK_DTYPE_Q8_0];
             CHECK_MSG(want != NULL && t->gemv_x16[SPARK_DTYPE_Q8_0] == want,
-                      "SPARK_GEMV_LANES=%s: the backend's Q8_0 int16 GEMV is not that layout", k ? "2" : "8");
-            gemv_fn want_bf = k ? ref.gemv_2l[SPARK_DTYPE_BF16] : ref.gemv[SPARK_DTYPE_BF16];
+                      "SPARK_GEMV_LANES=%s: the backend's Q8_0 int16 GEMV is not that layout",
+                      lanes_env[k] ? lanes_env[k] : "(unset)");
+            gemv_fn want_bf = *e == '2'   ? ref.gemv_2l[SPARK_DTYPE_BF16]
+                              : *e == '3' ? ref.gemv_3l[SPARK_DTYPE_BF16]
+                                          : ref.gemv[SPARK_DTYPE_BF16];
             CHECK_MSG(want_bf != NULL && cpu_of(be)->k.gemv[SPARK_DTYPE_BF16] == want_bf,
-                      "SPARK_GEMV_LANES=%s: the backend's bf16 GEMV is not that layout", k ? "2" : "8");
+                      "SPARK_GEMV_LANES=%s: the backend's bf16 GEMV is not that layout",
+                      lanes_env[k] ? lanes_env[k] : "(unset)");
             y[k] = malloc((size_t)rows * sizeof(float));
             be->ops->matmul(be, y[k], x, &w, 1);
             be->ops->destroy(be);
         }
-        CHECK_MSG(!memcmp(y[0], y[1], (size_t)rows * sizeof(float)), "Q8_0 matmul: 2 and 8 lanes differ");
+        for (int k = 1; k < 4; k++)
+            CHECK_MSG(!memcmp(y[0], y[k], (size_t)rows * sizeof(float)), "Q8_0 matmul: lane layouts 8 and %s differ",
+                      lanes_env[k] ? lanes_env[k] : "(default)");
         free(m);
         free(x);
-        free(y[0]);
-        free(y[1]);
+        for (int k = 0; k < 4; k++) free(y[k]);
     }
     /* the far prefetches' hint: SPARK_GEMV_FAR_NTA=0|1 sets it, else the vendor (AMD: nta) */
     const char *nta_env[3] = {"0", "1", NULL};
@@ -697,7 +717,7 @@ static void test_gemv_lane_layouts(void)
                   nta_env[k] ? nta_env[k] : "(unset)", cpu_far_prefetch_nta, want);
         if (be) be->ops->destroy(be);
     }
-    printf("  2-lane layouts: %d products bit-identical to gemv_x16 / gemv\n", checked);
+    printf("  2- and 3-lane layouts: %d products bit-identical to gemv_x16 / gemv\n", checked);
     rng = saved;
 }
 

@@ -395,20 +395,28 @@ spark_status backend_cpu_create(int n_threads, backend **out)
     }
     const char *i8 = getenv("SPARK_INT8_DOT");
     if (i8 && !strcmp(i8, "0")) memset(&cb->k.x8, 0, sizeof cb->k.x8);
-    /* Lane layout of the single-token GEMVs that have two (the int16 Q8_0
-     * one, the float f32 / f16 / bf16 ones): 2 long lanes a
-     * tile prefetched 4 KB ahead on AMD, where the 4B decode's products
-     * streamed 1.1-1.7x faster so on the Zen 5 VM; 8 lanes at 1 KB
-     * elsewhere, measured ahead of 2 on the Intel VM (bench/RESULTS.md,
-     * 2026-11-30 and 2026-12-01). SPARK_GEMV_LANES=2|8 forces one. The
-     * results are the same bits either way. The 2-lane far prefetches'
-     * hint (cpu_far_prefetch_nta, SPARK_GEMV_FAR_NTA=0|1) is process-wide:
-     * the backend created last sets it. */
-    const int two_lanes = env_switch("SPARK_GEMV_LANES", "2", "8", cpu_is_amd());
+    /* Lane layout of the single-token GEMVs that have more than one (the
+     * int16 Q8_0 one, the float f32 / f16 / bf16 ones). On AMD 2 long lanes
+     * a tile prefetched 4 KB ahead: the 4B decode's products streamed
+     * 1.1-1.7x faster so on the Zen 5 VM than in 8 lanes at 1 KB. Elsewhere
+     * Q8_0 keeps 8 lanes at 1 KB (measured ahead of 2 on the Intel VM) and
+     * the float formats take 3 lanes prefetched 3 KB ahead into L1: on the
+     * Intel VM bf16 decode ran 4.1 % faster so than in 8 lanes, tokens
+     * alternating in one process (bench/RESULTS.md, 2026-11-30, 2026-12-01
+     * and 2026-12-02). SPARK_GEMV_LANES=2|3|8 forces one (3: the float
+     * formats; Q8_0 then stays at 8). The results are the same bits in every
+     * layout. The 2-lane far prefetches' hint (cpu_far_prefetch_nta,
+     * SPARK_GEMV_FAR_NTA=0|1) is process-wide: the backend created last
+     * sets it. */
+    const char *lanes_env = getenv("SPARK_GEMV_LANES");
+    const int lanes = lanes_env && (!strcmp(lanes_env, "2") || !strcmp(lanes_env, "3") || !strcmp(lanes_env, "8"))
+                          ? atoi(lanes_env)
+                          : cpu_is_amd() ? 2 : 3;
     cpu_far_prefetch_nta = env_switch("SPARK_GEMV_FAR_NTA", "1", "0", cpu_is_amd());
-    for (int d = 0; d < SPARK_DTYPE_COUNT && two_lanes; d++) {
-        if (cb->k.x8.gemv_x16[d] && cb->k.x8.gemv_x16_2l[d]) cb->k.x8.gemv_x16[d] = cb->k.x8.gemv_x16_2l[d];
-        if (cb->k.gemv_2l[d]) cb->k.gemv[d] = cb->k.gemv_2l[d];
+    for (int d = 0; d < SPARK_DTYPE_COUNT; d++) {
+        if (lanes == 2 && cb->k.x8.gemv_x16[d] && cb->k.x8.gemv_x16_2l[d]) cb->k.x8.gemv_x16[d] = cb->k.x8.gemv_x16_2l[d];
+        gemv_fn alt = lanes == 2 ? cb->k.gemv_2l[d] : lanes == 3 ? cb->k.gemv_3l[d] : NULL;
+        if (alt) cb->k.gemv[d] = alt;
     }
     spark_status st = pool_create(cb->base.n_threads, &cb->pool);
     if (st == SPARK_OK) {

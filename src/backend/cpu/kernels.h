@@ -115,6 +115,9 @@ typedef struct cpu_kernels {
      * where a format or level has none; backend_cpu_create picks one
      * layout (SPARK_GEMV_LANES), as for x8.gemv_x16_2l. */
     gemv_fn gemv_2l[SPARK_DTYPE_COUNT];
+    /* the same with one token's rows in 3 lanes prefetched 3 KB ahead into
+     * L1 (the default outside AMD): bit-identical results */
+    gemv_fn gemv_3l[SPARK_DTYPE_COUNT];
     dequant_fn dequant[SPARK_DTYPE_COUNT];
     /* single-token Q8_0 / K-quant GEMVs with int16 (default) or int8
      * (SPARK_KQUANT_X8=1) activations: filled by cpu_kernels_resolve from the
