@@ -33,6 +33,7 @@ BIN=$(readlink -f "$BIN")
 stamp "start ($MODE) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
 
+rm -f /tmp/m4b2.done /tmp/m4b.done # (a warm machine keeps /tmp: no model is ready before it is rewritten)
 ( timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/models.log" 2>&1
   echo done >/tmp/m4b2.done
   timeout 300 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1

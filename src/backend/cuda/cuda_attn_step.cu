@@ -98,29 +98,42 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     const int64_t first = jb + (int64_t)warp * AS_KT;
     const bool first_has_p = first < je && first <= p && p < first + AS_KT;
     float k[AS_KT][E], v[AS_KT][E];
+    tl_mark(a.tl, 0);
     if (!first_has_p) load(first, k, v);
     if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
     pdl_wait();
     pdl_release();
+    tl_mark(a.tl, 1);
 
-    /* the heads' gates now, so their global round trip is not the last thing this block waits for */
-    __shared__ float gsig[AS_G];
-    if (threadIdx.x < G) gsig[threadIdx.x] = a.gate ? 1.0f / (1.0f + expf(-a.gate[kh * G + threadIdx.x])) : 1.0f;
-
-    /* this KV head's G query heads, roped: pairs (t, t + half) */
-    __shared__ float qs[AS_G][E * WARP];
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-        const int g = i / D, d = i % D;
-        const float *hq = qkv + (int64_t)(kh * G + g) * D;
-        float y = hq[d];
+    /* this KV head's G query heads, roped (pairs (t, t + half)), and the
+     * heads' gates: every global load first, so the block waits for one
+     * round trip here rather than one per value a thread ropes (the
+     * timeline of run 17: 10 us from a block's wait to its exit) */
+    constexpr int QI = (AS_G * E * WARP + AS_WARPS * WARP - 1) / (AS_WARPS * WARP); /* q values a thread */
+    const float graw = a.gate && threadIdx.x < G ? a.gate[kh * G + threadIdx.x] : 0.0f;
+    float qa[QI], qb[QI], qc[QI], qsn[QI]; /* q[d], its rope partner, cos, sin */
+#pragma unroll
+    for (int r = 0; r < QI; r++) {
+        const int i = threadIdx.x + r * AS_WARPS * WARP, d = i % D;
+        qa[r] = qb[r] = qc[r] = qsn[r] = 0.0f;
+        if (i >= G * D) continue;
+        const float *hq = qkv + (int64_t)(kh * G + i / D) * D;
+        qa[r] = hq[d];
         if (d < 2 * half) {
             const int t = d < half ? d : d - half;
-            float c, s;
-            step_cos_sin(a, p, t, half, &c, &s);
-            const float x0 = hq[t], x1 = hq[t + half];
-            y = d < half ? x0 * c - x1 * s : x1 * c + x0 * s; /* as rope_kv_kernel */
+            qb[r] = hq[d < half ? d + half : t];
+            step_cos_sin(a, p, t, half, &qc[r], &qsn[r]);
         }
-        qs[g][d] = y;
+    }
+    __shared__ float gsig[AS_G];
+    if (threadIdx.x < G) gsig[threadIdx.x] = a.gate ? 1.0f / (1.0f + expf(-graw)) : 1.0f;
+    __shared__ float qs[AS_G][E * WARP];
+#pragma unroll
+    for (int r = 0; r < QI; r++) {
+        const int i = threadIdx.x + r * AS_WARPS * WARP, d = i % D;
+        if (i >= G * D) continue;
+        /* as rope_kv_kernel: x0 * c - x1 * s, x1 * c + x0 * s (x0 = q[t], x1 = q[t + half]) */
+        qs[i / D][d] = d >= 2 * half ? qa[r] : d < half ? qa[r] * qc[r] - qb[r] * qsn[r] : qa[r] * qc[r] + qb[r] * qsn[r];
     }
     if (owner) { /* rope k in place, store k and v into the slot of p */
         float *kq = qkv + q_dim + (int64_t)kh * D;
@@ -144,6 +157,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     }
     __syncthreads(); /* qs complete; the store visible to this block */
     if (first_has_p) load(first, k, v);
+    tl_mark(a.tl, 3);
 
     float q[AS_G][E], acc[AS_G][E], m[AS_G], l[AS_G];
 #pragma unroll
@@ -178,66 +192,84 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     __shared__ float sm_m[AS_WARPS][AS_G], sm_l[AS_WARPS][AS_G];
     __shared__ float sm_acc[AS_WARPS][AS_G][E * WARP];
     __shared__ float fin_m[AS_G], fin_l[AS_G], fin_a[AS_G][E * WARP];
+    tl_mark(a.tl, 4);
     att_store_warp<AS_WARPS, E, AS_G>(sm_m, sm_l, sm_acc, warp, lane, m, l, acc);
+    __syncthreads();
+    /* att_merge_warps' arithmetic, its AS_WARPS x G rescale factors computed
+     * once (a thread each) instead of once per output (run 19's timeline:
+     * 1.7 us for this merge) */
+    __shared__ float wf[AS_WARPS][AS_G], wmx[AS_G];
+    if (threadIdx.x < AS_WARPS * G) {
+        const int w = threadIdx.x / G, g = threadIdx.x % G;
+        float mx = -INFINITY;
+        for (int k = 0; k < AS_WARPS; k++) mx = fmaxf(mx, sm_m[k][g]);
+        wf[w][g] = mx == -INFINITY ? 0.0f : expf(sm_m[w][g] - mx);
+        if (w == 0) wmx[g] = mx;
+    }
     __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
-        float M, L, A;
-        att_merge_warps<AS_WARPS, E, AS_G>(sm_m, sm_l, sm_acc, g, d, &M, &L, &A);
-        fin_a[g][d] = A;
+        const float mx = wmx[g];
+        float sl = 0.0f, sa = 0.0f;
+        if (mx != -INFINITY) {
+            for (int w = 0; w < AS_WARPS; w++) {
+                const float f = wf[w][g];
+                sl += sm_l[w][g] * f;
+                sa += sm_acc[w][g][d] * f;
+            }
+        }
+        fin_a[g][d] = sa;
         if (d == 0) {
-            fin_m[g] = M;
-            fin_l[g] = L;
+            fin_m[g] = mx;
+            fin_l[g] = sl;
         }
     }
+    tl_mark(a.tl, 5);
     cl.sync(); /* every block's partial is in its shared memory; every q read is done */
+    tl_mark(a.tl, 6);
 
     if (rank == 0) /* q roped in place, as rope_kv leaves it */
         for (int i = threadIdx.x; i < G * D; i += blockDim.x) qkv[(int64_t)(kh * G + i / D) * D + i % D] = qs[i / D][i % D];
 
-    /* the splits' weights, once: blocks in ascending order (as the merge kernel) */
-    __shared__ float rm[AS_CMAX][AS_G], rl[AS_CMAX][AS_G], wgt[AS_CMAX][AS_G], tot[AS_G];
+    /* the splits' states (one distributed-shared-memory round), then each
+     * output of this block's slice of the G x D, gated: its thread reads the
+     * partners' values first and weighs the splits itself, in ascending
+     * order (as the merge kernel; the same operations as one weight a
+     * thread, without two more block barriers: run 19's timeline, 3 us for
+     * this merge) */
+    __shared__ float rm[AS_CMAX][AS_G], rl[AS_CMAX][AS_G];
     if (threadIdx.x < C * G) {
         const int c = threadIdx.x / G, g = threadIdx.x % G;
         rm[c][g] = cl.map_shared_rank(&fin_m[0], c)[g];
         rl[c][g] = cl.map_shared_rank(&fin_l[0], c)[g];
     }
     __syncthreads();
-    if (threadIdx.x < C * G) { /* one split's weight a thread (not C exps in a row on one) */
-        const int c = threadIdx.x / G, g = threadIdx.x % G;
-        float M = -INFINITY;
-        for (int k = 0; k < C; k++) M = fmaxf(M, rm[k][g]);
-        wgt[c][g] = rm[c][g] == -INFINITY ? 0.0f : expf(rm[c][g] - M); /* 0: an empty split */
-    }
-    __syncthreads();
-    if (threadIdx.x < G) {
-        const int g = threadIdx.x;
-        float L = 0.0f;
-        for (int c = 0; c < C; c++) L += rl[c][g] * wgt[c][g];
-        tot[g] = L;
-    }
-    __syncthreads();
-
-    /* this block's slice of the G x D outputs, gated */
     const int outs = G * D, slice = (outs + C - 1) / C;
     const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
     for (int i = rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
         const int g = i / D, d = i % D;
         float part[AS_CMAX]; /* the partners' values, all requested before any is used */
 #pragma unroll
-        for (int c = 0; c < AS_CMAX; c++)
-            part[c] = c < C && wgt[c][g] != 0.0f ? cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] : 0.0f;
-        float A = 0.0f;
+        for (int c = 0; c < AS_CMAX; c++) part[c] = c < C ? cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] : 0.0f;
+        float M = -INFINITY;
+        for (int c = 0; c < C; c++) M = fmaxf(M, rm[c][g]);
+        float L = 0.0f, A = 0.0f;
 #pragma unroll
-        for (int c = 0; c < AS_CMAX; c++)
-            if (c < C && wgt[c][g] != 0.0f) A += part[c] * wgt[c][g];
-        a.out[(int64_t)(kh * G + g) * D + d] = A / tot[g] * gsig[g];
+        for (int c = 0; c < AS_CMAX; c++) {
+            if (c >= C) break;
+            const float w = rm[c][g] == -INFINITY ? 0.0f : expf(rm[c][g] - M); /* 0: an empty split */
+            L += rl[c][g] * w;
+            if (w != 0.0f) A += part[c] * w;
+        }
+        a.out[(int64_t)(kh * G + g) * D + d] = A / L * gsig[g];
     }
+    tl_mark(a.tl, 7);
     /* no block leaves while a partner may still read its shared memory: an
      * execution barrier only (every value read from a partner was used
      * above); cl.sync()'s release would also fence this block's output
      * stores, ~a global round trip */
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+    tl_mark(a.tl, 2);
 #endif
 }
 

@@ -227,6 +227,7 @@ void cuda_destroy(backend *be)
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
     if (cb->st) cudaStreamSynchronize(cb->st);
+    timeline_dump(cb);
     if (getenv("SPARK_CUDA_VERBOSE"))
         fprintf(stderr,
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
@@ -247,6 +248,9 @@ void cuda_destroy(backend *be)
     free(cb->gq);
     free(cb->fq);
     cudaFree(cb->stamps);
+    cudaFree(cb->tl_dev);
+    free(cb->tl_cmd);
+    free(cb->tl_path);
     cudaFree(cb->d_pos);
     cudaFree(cb->pick_keys);
     cudaFreeHost(cb->pick_host);
@@ -1089,6 +1093,7 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     const int want = as ? atoi(as) : ATT_STEP_CLUSTER;
     cb->att_cluster = cb->fuse_on && want > 1 ? cu_attn_step_cluster(device, want) : 0;
     cb->att_step_keys = ak && atoll(ak) > 0 ? atoll(ak) : ATT_STEP_KEYS;
+    timeline_init(cb);
     CK(cu_kv_init()); /* the TurboQuant tables on this device */
     /* a coded cache's single-token stage: allocated here, never grown inside a step */
     scratch((void **)&cb->kvstage, &cb->kvstage_bytes,

@@ -254,6 +254,19 @@ __device__ __forceinline__ void pdl_release()
 #endif
 }
 
+/* SPARK_CUDA_TIMELINE (cuda_graph.cu's timeline_*): thread 0 of each block
+ * writes %globaltimer (ns) at mark k (0 entry, 1 after the dependency wait,
+ * 2 exit, 3.. inside; CU_TL_MARKS, cuda_internal.h) into the launch's
+ * record; nothing when tl is NULL (the default: one uniform branch). */
+__device__ __forceinline__ void tl_mark(unsigned long long *tl, int k)
+{
+    if (tl && threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (blockIdx.x < (unsigned)CU_TL_MAX_BLOCKS) tl[blockIdx.x * CU_TL_MARKS + k] = t;
+    }
+}
+
 /* A launch, with the programmatic-dependent attribute when pdl, and as
  * clusters of `cluster` blocks along x when cluster > 1. */
 template <typename... KArgs, typename... Args>

@@ -389,9 +389,11 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
     };
 
     int64_t g = blockIdx.x;
+    tl_mark(a.tl, 0);
     load(g, v); /* weights only: before the wait */
     pdl_wait();
     pdl_release();
+    tl_mark(a.tl, 1);
     if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
         unsigned long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -511,6 +513,7 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         }
         g = gn;
     }
+    tl_mark(a.tl, 2);
 }
 
 /* GPU layout of quantized rows (see the formats above), one thread per block. */

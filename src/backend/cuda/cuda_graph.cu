@@ -8,6 +8,8 @@
  */
 #include "backend/cuda/cuda_state.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -277,10 +279,81 @@ void fuse(cuda_backend *cb)
     cb->fused = (long)n - (long)cb->nfq;
 }
 
+/* ---- SPARK_CUDA_TIMELINE=FILE: when every block of a step ran -------------- */
+/*
+ * A diagnostic for the decode step's kernel boundaries (bench/cuda_timeline.py
+ * reads the file): each fused GEMV and one-launch attention of a captured
+ * step is given a record (tl_mark in the kernels: every block's entry, end of
+ * its dependency wait and exit, in %globaltimer ns). The graph's replays
+ * overwrite the records, so at the backend's end they hold the last step's;
+ * timeline_dump writes one JSON line per launch. Off (no record) by default.
+ */
+enum { TL_LAUNCHES = 512 };
+static const size_t TL_PER = (size_t)CU_TL_MAX_BLOCKS * CU_TL_MARKS;
+
+void timeline_init(cuda_backend *cb)
+{
+    const char *p = getenv("SPARK_CUDA_TIMELINE");
+    if (!p || !*p || !cb->fuse_on) return;
+    cb->tl_path = strdup(p);
+    cb->tl_cmd = (cmd *)calloc(TL_LAUNCHES, sizeof *cb->tl_cmd);
+    if (!cb->tl_path || !cb->tl_cmd) cuda_fatal("calloc", "out of host memory for SPARK_CUDA_TIMELINE", __FILE__, __LINE__);
+    CK(cudaMalloc((void **)&cb->tl_dev, TL_LAUNCHES * TL_PER * sizeof *cb->tl_dev));
+    CK(cudaMemset(cb->tl_dev, 0, TL_LAUNCHES * TL_PER * sizeof *cb->tl_dev));
+}
+
+static void timeline_assign(cuda_backend *cb, cmd *list, size_t count)
+{
+    if (!cb->tl_dev) return;
+    cb->tl_n = 0;
+    for (size_t i = 0; i < count && cb->tl_n < TL_LAUNCHES; i++) {
+        cmd *c = &list[i];
+        unsigned long long *rec = cb->tl_dev + (size_t)cb->tl_n * TL_PER;
+        if (c->op == OP_FGEMV) c->fg.tl = rec;
+        else if (c->op == OP_ATTN && c->attn.step) c->attn.tl = rec;
+        else continue;
+        cb->tl_cmd[cb->tl_n++] = *c;
+    }
+}
+
+void timeline_dump(cuda_backend *cb)
+{
+    if (!cb->tl_dev || !cb->tl_n || !cb->replays) return;
+    unsigned long long *h = (unsigned long long *)malloc((size_t)cb->tl_n * TL_PER * sizeof *h);
+    FILE *f = fopen(cb->tl_path, "w");
+    if (!h || !f || cudaMemcpy(h, cb->tl_dev, (size_t)cb->tl_n * TL_PER * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        fprintf(stderr, "spark: SPARK_CUDA_TIMELINE: %s not written (%s)\n", cb->tl_path,
+                !f ? strerror(errno) : "no memory or no copy");
+        if (f) fclose(f);
+        free(h);
+        return;
+    }
+    for (int k = 0; k < cb->tl_n; k++) {
+        const cmd *c = &cb->tl_cmd[k];
+        if (c->op == OP_FGEMV)
+            fprintf(f, "{\"launch\":%d,\"op\":\"fgemv\",\"dtype\":%d,\"rows0\":%lld,\"rows1\":%lld,\"cols\":%d,"
+                       "\"row_bytes\":%lld,\"pair\":%d,\"norm\":%d,\"resid\":%d,\"blocks\":[",
+                    k, c->fg.dtype, (long long)c->fg.rows0, (long long)c->fg.rows1, c->fg.cols,
+                    (long long)c->fg.row_bytes, c->fg.pair, c->fg.nw != NULL, c->fg.resid != NULL);
+        else
+            fprintf(f, "{\"launch\":%d,\"op\":\"attn\",\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,\"window\":%d,"
+                       "\"blocks\":[", k, c->attn.n_head, c->attn.n_head_kv, c->attn.head_dim, c->attn.window);
+        const unsigned long long *r = h + (size_t)k * TL_PER;
+        for (int b = 0; b < CU_TL_MAX_BLOCKS && r[b * CU_TL_MARKS]; b++)
+            for (int m = 0; m < CU_TL_MARKS; m++)
+                fprintf(f, "%s%llu%s", m ? "," : b ? ",[" : "[", r[b * CU_TL_MARKS + m], m == CU_TL_MARKS - 1 ? "]" : "");
+        fprintf(f, "]}\n");
+    }
+    fclose(f);
+    free(h);
+}
+
 /* Capture the recorded step (fused when the fast path is on) as a graph. */
 bool capture(cuda_backend *cb)
 {
     cudaGraph_t g = NULL;
+    if (cb->tl_dev) /* (outside the capture: a memset node would stand between programmatic launches) */
+        CK(cudaMemsetAsync(cb->tl_dev, 0, TL_LAUNCHES * TL_PER * sizeof *cb->tl_dev, cb->st));
     if (cudaStreamBeginCapture(cb->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
         cudaGetLastError();
         return false;
@@ -289,6 +362,7 @@ bool capture(cuda_backend *cb)
     size_t count = cb->nq;
     if (cb->fast && cb->fuse_on) {
         fuse(cb);
+        timeline_assign(cb, cb->fq, cb->nfq);
         list = cb->fq;
         count = cb->nfq;
     }

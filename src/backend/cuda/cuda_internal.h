@@ -112,6 +112,7 @@ typedef struct cu_attn_args {
     int rot_dims;      /* step: the rope of this layer class */
     double theta;
     const float *rope_tab; /* step: cos / sin at *pos (cu_rope_table); NULL: computed */
+    unsigned long long *tl; /* step: SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
 
@@ -168,7 +169,15 @@ typedef struct cu_fgemv_args {
     int stamp_phase;
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
+    unsigned long long *tl;     /* SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
 } cu_fgemv_args;
+
+/* SPARK_CUDA_TIMELINE's record of one launch (the tl fields above): block b's
+ * %globaltimer ns at mark k is tl[b * CU_TL_MARKS + k]: 0 entry, 1 after its
+ * dependency wait, 2 exit, 3.. points inside a kernel (the one-launch
+ * attention's: cuda_attn_step.cu); 0 where a kernel has no such mark.
+ * Blocks past CU_TL_MAX_BLOCKS are not kept. */
+enum { CU_TL_MARKS = 8, CU_TL_MAX_BLOCKS = 1024 };
 
 /* Whether cu_fgemv takes this format and shape (else use cu_gemv). */
 int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64_t rows);

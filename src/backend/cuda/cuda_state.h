@@ -80,6 +80,13 @@ struct cuda_backend {
     size_t nfq, fqcap;
     long fused;      /* commands the last fusion removed */
     unsigned long long *stamps; /* phase timing: last stamp + per-phase sums, ns (cuda_stamp) */
+    /* SPARK_CUDA_TIMELINE=FILE (timeline_assign / timeline_dump): a record
+     * for each of up to TL_LAUNCHES fused GEMVs and one-launch attentions of
+     * the captured step, their commands, and where the last step's go */
+    char *tl_path;
+    unsigned long long *tl_dev;
+    cmd *tl_cmd;
+    int tl_n;
     /* the persistent step kernel (cuda_step.cu, SPARK_CUDA_MEGA=1): a
      * recorded step it takes runs as one launch */
     int mega_on;
@@ -172,6 +179,10 @@ void set_pos(cuda_backend *cb, int64_t pos0);
 /* cuda_backend.cu: the pick keys' copy to the host, queued after what the
  * stream holds now (a pick's kernel, or the launched step ending in one). */
 void pick_copy(cuda_backend *cb);
+/* cuda_graph.cu: SPARK_CUDA_TIMELINE's buffers (at creation) and its file (at
+ * the backend's end). */
+void timeline_init(cuda_backend *cb);
+void timeline_dump(cuda_backend *cb);
 
 } // namespace spark_cuda
 

@@ -1,0 +1,70 @@
+#!/bin/bash
+# cuda_timeline_run.sh — one device call: where the 4B decode step's time
+# goes at its kernel boundaries (SPARK_CUDA_TIMELINE, bench/cuda_timeline.py),
+# with binaries built here and carried (bench/cuda_carry.sh).
+#
+#   BIN=.carry TLSWEEP="label:ENV=1,ENV2=2;..." bash bench/cuda_timeline_run.sh
+#
+# 1. decode vs CPU on the 4-layer 4B shape (timeline off, then on: the
+#    marks must not change a logit);
+# 2. on the 36-layer 4B shape (bf16, ctx 4096, 512 prefilled, 256 decoded)
+#    cuda_bench per TLSWEEP configuration (default "default:") without and
+#    with the timeline, and the timeline's table for each;
+# 3. with TESTS=1 the GPU test files (test_cuda, test_cuda_hooks, test_bench,
+#    test_pick);
+# 4. a memcheck of spark-tiny's decode with the timeline on.
+set -u
+OUT=${OUT:-/tmp/cuda-timeline}
+BIN=${BIN:-.carry}
+. "$(dirname "$0")/device_env.sh"
+BIN=$(readlink -f "$BIN")
+stamp "start on $(hostname)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+rm -f /tmp/m4b2.done /tmp/m4b.done # (a warm machine keeps /tmp: no model is ready before it is rewritten)
+( timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/models.log" 2>&1
+  echo done >/tmp/m4b2.done
+  timeout 300 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1
+  echo done >/tmp/m4b.done ) &
+if [ -d "$BIN/wheels" ]; then # each wheel alone (--no-deps: the device has numpy and torch)
+    timeout 90 python3 -m pip install -q --no-index --no-deps "$BIN"/wheels/*.whl >"$OUT/pip.log" 2>&1 ||
+        note "wheels: not installed ($(tail -1 "$OUT/pip.log"))"
+fi
+export SPARK_BIN=$BIN/spark
+"$SPARK_BIN" --help >/dev/null 2>&1 || { note "carried spark does not run: $(ldd "$SPARK_BIN" | grep 'not found')"; exit 1; }
+probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+
+stamp "check: 4B shape, 4 layers, decode vs CPU, timeline off and on"
+for _ in $(seq 120); do [ -f /tmp/m4b2.done ] && break; sleep 1; done
+timeout 200 python3 bench/decode_check.py /tmp/m4b2 default timeline:SPARK_CUDA_TIMELINE=$OUT/tl-check.jsonl 2>&1 |
+    grep -v "^spark: CUDA" | tee -a "$SUMMARY"
+
+stamp "36 layers: cuda_bench, then the same with the timeline"
+for _ in $(seq 300); do [ -f /tmp/m4b.done ] && break; sleep 1; done
+IFS=';' read -r -a CONFIGS <<<"${TLSWEEP:-default:}"
+for cfg in "${CONFIGS[@]}"; do
+    label=${cfg%%:*}
+    vars=$(echo "${cfg#*:}" | tr ',' ' ')
+    for tl in off on; do
+        tlv=""
+        [ $tl = on ] && tlv="SPARK_CUDA_TIMELINE=$OUT/tl-$label.jsonl"
+        line=$(env $vars $tlv timeout 90 "$BIN/cuda_bench" /tmp/m4b --ctx 4096 --prefill 512 --decode 256 2>&1 |
+            tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -5 | tr '\n' ' ')
+        note "$label [${cfg#*:}] timeline $tl: $line"
+    done
+    [ -s "$OUT/tl-$label.jsonl" ] && python3 bench/cuda_timeline.py "$OUT/tl-$label.jsonl" 2>&1 | tee -a "$SUMMARY"
+done
+
+if [ "${TESTS:-0}" = 1 ]; then
+    stamp "tests"
+    PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
+        tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py >"$OUT/tests.log" 2>&1
+    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
+    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+
+stamp "memcheck (spark-tiny decode, timeline on)"
+SPARK_CUDA_TIMELINE=$OUT/tl-tiny.jsonl timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$OUT/sanitizer.log" 2>&1
+note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1); timeline lines: $(wc -l <"$OUT/tl-tiny.jsonl" 2>/dev/null)"
+rm -f "$OUT/tl-check.jsonl" "$OUT/tl-tiny.jsonl" # (the device returns only a few files: keep the sweep's)
+stamp done
