@@ -74,12 +74,16 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     float *kc = (float *)a.kc, *vc = (float *)a.vc;         /* the backend's caches (const for the readers) */
     float *qkv = (float *)a.qkv;
 
-    auto load = [&](int64_t j0, float (&k)[AS_KT][E], float (&v)[AS_KT][E]) {
+    /* the current position's k (roped) and v, stored by the owner (below):
+     * the first tile's copy of row p is taken from here, not reloaded */
+    __shared__ float kcur[E * WARP], vcur[E * WARP];
+    /* skip_p: row p left as zeros (the first tile's load, before the owner's store) */
+    auto load = [&](int64_t j0, float (&k)[AS_KT][E], float (&v)[AS_KT][E], bool skip_p) {
 #pragma unroll
         for (int u = 0; u < AS_KT; u++) {
             const int64_t j = j0 + u;
             const float *kr = NULL, *vr = NULL;
-            if (j < je) {
+            if (j < je && !(skip_p && j == p)) {
                 const int64_t off = (j % a.slots) * kv_dim + (int64_t)kh * D;
                 kr = kc + off;
                 vr = vc + off;
@@ -93,13 +97,13 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         }
     };
 
-    /* the first tile: rows earlier steps wrote, so before the wait (the one
-     * holding the current position is loaded after the store below) */
+    /* the first tile: rows earlier steps wrote, so before the wait (row p,
+     * the current position's, is patched in after the owner's store) */
     const int64_t first = jb + (int64_t)warp * AS_KT;
     const bool first_has_p = first < je && first <= p && p < first + AS_KT;
     float k[AS_KT][E], v[AS_KT][E];
     tl_mark(a.tl, 0);
-    if (!first_has_p) load(first, k, v);
+    load(first, k, v, true);
     if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
     pdl_wait();
     pdl_release();
@@ -135,7 +139,11 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         /* as rope_kv_kernel: x0 * c - x1 * s, x1 * c + x0 * s (x0 = q[t], x1 = q[t + half]) */
         qs[i / D][d] = d >= 2 * half ? qa[r] : d < half ? qa[r] * qc[r] - qb[r] * qsn[r] : qa[r] * qc[r] + qb[r] * qsn[r];
     }
-    if (owner) { /* rope k in place, store k and v into the slot of p */
+    /* the owner ropes k in place and stores k and v into the slot of p, and
+     * into shared memory, where the warp whose first tile holds p takes
+     * them from (a reload from global memory made the owner the block the
+     * others waited for at the cluster barrier: bench/cuda_runs.md run 17) */
+    if (owner) {
         float *kq = qkv + q_dim + (int64_t)kh * D;
         const float *vq = qkv + q_dim + kv_dim + (int64_t)kh * D;
         const int64_t off = (p % a.slots) * kv_dim + (int64_t)kh * D;
@@ -145,18 +153,27 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
                 step_cos_sin(a, p, t, half, &c, &s);
                 const float x0 = kq[t], x1 = kq[t + half];
                 const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
-                kc[off + t] = y0;
-                kc[off + t + half] = y1;
+                kc[off + t] = kcur[t] = y0;
+                kc[off + t + half] = kcur[t + half] = y1;
                 kq[t] = y0;
                 kq[t + half] = y1;
             } else if (t >= 2 * half) {
-                kc[off + t] = kq[t];
+                kc[off + t] = kcur[t] = kq[t];
             }
-            vc[off + t] = vq[t];
+            vc[off + t] = vcur[t] = vq[t];
         }
     }
-    __syncthreads(); /* qs complete; the store visible to this block */
-    if (first_has_p) load(first, k, v);
+    __syncthreads(); /* qs and kcur / vcur complete; the store visible to this block */
+    if (first_has_p)
+#pragma unroll
+        for (int u = 0; u < AS_KT; u++)
+            if (first + u == p)
+#pragma unroll
+                for (int e = 0; e < E; e++) {
+                    const int d = lane + WARP * e;
+                    k[u][e] = d < D ? kcur[d] : 0.0f;
+                    v[u][e] = d < D ? vcur[d] : 0.0f;
+                }
     tl_mark(a.tl, 3);
 
     float q[AS_G][E], acc[AS_G][E], m[AS_G], l[AS_G];
@@ -177,7 +194,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     constexpr int STRIDE = AS_WARPS * AS_KT;
     for (int64_t j0 = first; j0 < je; j0 += STRIDE) {
         float k2[AS_KT][E], v2[AS_KT][E];
-        if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2);
+        if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2, false);
         att_tile<AS_KT, E, AS_G>(q, k, v, G, je - j0, acc, m, l);
 #pragma unroll
         for (int u = 0; u < AS_KT; u++)
