@@ -20,26 +20,17 @@ BIN=${BIN:-.carry}
 BIN=$(readlink -f "$BIN")
 stamp "start on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
-rm -f /tmp/m4b2.done /tmp/m4b.done # (a warm machine keeps /tmp: no model is ready before it is rewritten)
-( timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/models.log" 2>&1
-  echo done >/tmp/m4b2.done
-  timeout 300 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1
-  echo done >/tmp/m4b.done ) &
-if [ -d "$BIN/wheels" ]; then # each wheel alone (--no-deps: the device has numpy and torch)
-    timeout 90 python3 -m pip install -q --no-index --no-deps "$BIN"/wheels/*.whl >"$OUT/pip.log" 2>&1 ||
-        note "wheels: not installed ($(tail -1 "$OUT/pip.log"))"
-fi
-export SPARK_BIN=$BIN/spark
-"$SPARK_BIN" --help >/dev/null 2>&1 || { note "carried spark does not run: $(ldd "$SPARK_BIN" | grep 'not found')"; exit 1; }
+start_models
+use_carried_bin
 probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
 
 stamp "check: 4B shape, 4 layers, decode vs CPU, timeline off and on"
-for _ in $(seq 120); do [ -f /tmp/m4b2.done ] && break; sleep 1; done
+wait_model m4b2 120
 timeout 200 python3 bench/decode_check.py /tmp/m4b2 default timeline:SPARK_CUDA_TIMELINE=$OUT/tl-check.jsonl 2>&1 |
     grep -v "^spark: CUDA" | tee -a "$SUMMARY"
 
 stamp "36 layers: cuda_bench, then the same with the timeline"
-for _ in $(seq 300); do [ -f /tmp/m4b.done ] && break; sleep 1; done
+wait_model m4b 300
 IFS=';' read -r -a CONFIGS <<<"${TLSWEEP:-default:}"
 for cfg in "${CONFIGS[@]}"; do
     label=${cfg%%:*}

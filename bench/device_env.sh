@@ -8,8 +8,11 @@
 # .devdeps/*.deb into /tmp/sysroot (EXTRA_CFLAGS / LDFLAGS / LD_LIBRARY_PATH
 # for make and for running), $LIBS to link a bench driver against
 # libspark.a, and $SHAPE4B (SPEC §1's 4B dimensions for
-# bench/cuda_bench_model.py), and probe_copy_bandwidth: the floor's
-# denominator, a 2 GiB device-to-device copy timed with torch (one line).
+# bench/cuda_bench_model.py), probe_copy_bandwidth: the floor's
+# denominator, a 2 GiB device-to-device copy timed with torch (one line),
+# and for scripts that run carried binaries (BIN): start_models / wait_model
+# (the 4-layer and 36-layer 4B shapes written in the background) and
+# use_carried_bin (its wheels installed, SPARK_BIN set, or the script stops).
 mkdir -p "$OUT"
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -53,4 +56,33 @@ for _ in range(10):
 ts.sort(); t = ts[len(ts) // 2] / 1e3
 print(f"probe: d2d copy of 2 GiB: median {t*1e3:.3f} ms = {2 * x.numel() / t / 1e12:.2f} TB/s (read + write)")
 PROBE
+}
+
+# The 4B shape with 4 layers (/tmp/m4b2, max ctx 4096) and with 36 (/tmp/m4b,
+# 40960), written in the background one after the other (log: $OUT/models.log);
+# wait_model m4b2|m4b waits up to $2 s (default 300) for one. The markers are
+# removed first: a warm machine keeps /tmp, and no model is ready before it
+# is rewritten.
+start_models() {
+    rm -f /tmp/m4b2.done /tmp/m4b.done
+    ( timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/models.log" 2>&1
+      echo done >/tmp/m4b2.done
+      timeout 300 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1
+      echo done >/tmp/m4b.done ) &
+}
+wait_model() {
+    for _ in $(seq "${2:-300}"); do [ -f "/tmp/$1.done" ] && return 0; sleep 1; done
+    note "model $1 not written in time ($(tail -1 "$OUT/models.log" 2>/dev/null))"
+    return 1
+}
+# The carried wheels installed (each alone, --no-deps: the device has numpy
+# and torch) and SPARK_BIN=$BIN/spark, or a note and exit when it does not run.
+use_carried_bin() {
+    if [ -d "$BIN/wheels" ]; then
+        timeout 90 python3 -m pip install -q --no-index --no-deps "$BIN"/wheels/*.whl >"$OUT/pip.log" 2>&1 &&
+            note "wheels installed: $(ls "$BIN/wheels" | cut -d- -f1 | tr '\n' ' ')" ||
+            note "wheels: not installed ($(tail -1 "$OUT/pip.log"))"
+    fi
+    export SPARK_BIN=$BIN/spark
+    "$SPARK_BIN" --help >/dev/null 2>&1 || { note "carried spark does not run: $(ldd "$SPARK_BIN" | grep 'not found')"; exit 1; }
 }
