@@ -17,21 +17,7 @@
 
 #include "io/dtype.h"
 
-#include <immintrin.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "gemv_lab.h"
 
 enum { E = 2560, FF = 10240, QKV = 6144, HEADS = 16, QD = 4096, LAYERS = 36, VOCAB = 131072, PER_LAYER = 6 };
 
@@ -156,25 +142,6 @@ LANES_FN(g_t1_4b, tile_t1, 4)
 
 typedef void (*lab_gemv_fn)(const uint8_t *, size_t, int64_t, int64_t, float *, int);
 
-/* the probe's loop on a range of bytes */
-__attribute__((target("avx512f"))) static float stream_sum(const uint8_t *p, size_t n, int pf)
-{
-    __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
-    for (size_t i = 0; i + 256 <= n; i += 256) {
-        if (pf) {
-            _mm_prefetch((const char *)(p + i) + pf, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 128, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + pf + 192, _MM_HINT_T0);
-        }
-        a = _mm512_add_ps(a, _mm512_loadu_ps((const float *)(p + i)));
-        b = _mm512_add_ps(b, _mm512_loadu_ps((const float *)(p + i + 64)));
-        c = _mm512_add_ps(c, _mm512_loadu_ps((const float *)(p + i + 128)));
-        d = _mm512_add_ps(d, _mm512_loadu_ps((const float *)(p + i + 192)));
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
-}
-
 typedef struct job {
     const mat *m, *nextm; /* nextm: the matrix after this one (cross-boundary prefetch), or NULL */
     int ahead_kb;
@@ -185,22 +152,6 @@ typedef struct job {
     float sink[2];
 } job;
 
-static int claim_rows(job *j, int64_t rows, int nth, int64_t min_rows, int64_t *lo, int64_t *hi)
-{
-    int64_t cur = atomic_load_explicit(&j->next, memory_order_relaxed);
-    for (;;) {
-        if (cur >= rows) return 0;
-        int64_t left = rows - cur, take = nth == 1 ? left : left / (j->div * nth);
-        take = (take + 15) / 16 * 16;
-        if (take < min_rows) take = min_rows;
-        if (take > left) take = left;
-        if (atomic_compare_exchange_weak_explicit(&j->next, &cur, cur + take, memory_order_relaxed, memory_order_relaxed)) {
-            *lo = cur, *hi = cur + take;
-            return 1;
-        }
-    }
-}
-
 static void task(void *arg, int ith, int nth)
 {
     job *j = arg;
@@ -209,14 +160,14 @@ static void task(void *arg, int ith, int nth)
         size_t bytes = (size_t)m->rows * m->rb, lo = bytes * ith / nth / 256 * 256, hi = ith == nth - 1 ? bytes : bytes * (ith + 1) / nth / 256 * 256;
         size_t tail = (size_t)j->ahead_kb * 1024;
         if (j->nextm && hi - lo > 2 * tail) {
-            j->sink[ith & 1] += stream_sum(m->data + lo, hi - lo - tail, j->pf);
+            j->sink[ith & 1] += lab_stream_sum(m->data + lo, hi - lo - tail, j->pf);
             const mat *n = j->nextm;
             size_t nb = (size_t)n->rows * n->rb, nlo = nb * ith / nth / 256 * 256;
             for (size_t o = 0; o < tail && nlo + o < nb; o += 64) _mm_prefetch((const char *)n->data + nlo + o, _MM_HINT_T1);
-            j->sink[ith & 1] += stream_sum(m->data + hi - tail, tail, j->pf);
+            j->sink[ith & 1] += lab_stream_sum(m->data + hi - tail, tail, j->pf);
             return;
         }
-        j->sink[ith & 1] += stream_sum(m->data + lo, hi - lo, j->pf);
+        j->sink[ith & 1] += lab_stream_sum(m->data + lo, hi - lo, j->pf);
         return;
     }
     if (!j->guided) {
@@ -226,7 +177,7 @@ static void task(void *arg, int ith, int nth)
     }
     int64_t min_rows = (int64_t)((size_t)j->minkb * 1024 / m->rb) / 16 * 16;
     if (min_rows < 16) min_rows = 16;
-    for (int64_t lo, hi; claim_rows(j, m->rows, nth, min_rows, &lo, &hi);) {
+    for (int64_t lo, hi; lab_claim(&j->next, m->rows, nth, j->div, min_rows, &lo, &hi);) {
         if (j->prime) { /* the first pf bytes of both lanes */
             const uint8_t *a = m->data + (size_t)lo * m->rb, *b = a + (size_t)((hi - lo) / 2) * m->rb;
             for (int o = 0; o < j->pf; o += 64) { _mm_prefetch((const char *)a + o, _MM_HINT_T1); _mm_prefetch((const char *)b + o, _MM_HINT_T1); }
@@ -250,10 +201,7 @@ int main(int argc, char **argv)
         ms[i].rb = (size_t)ms[i].cols / 32 * 34;
         total += (ms[i].rb * (size_t)ms[i].rows + 63) & ~(size_t)63;
     }
-    const size_t huge = (size_t)2 << 20;
-    uint8_t *region = mmap(NULL, total + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    uint8_t *buf = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
-    madvise(buf, total, MADV_HUGEPAGE);
+    uint8_t *buf = lab_thp_buffer(total);
     for (size_t i = 0; i < total; i++) buf[i] = (uint8_t)((i * 2654435761u) >> 13);
     size_t off = 0;
     for (int i = 0; i < nmat; i++) {
@@ -281,17 +229,13 @@ int main(int argc, char **argv)
         {"stream, next matrix 16 KB prefetched", NULL, 1024, 0, 0, 0, 0, 16},
     };
     int nv = sizeof all / sizeof all[0];
-    const char *sel = getenv("LAB_VARIANTS"); /* e.g. "0,1,4" */
-    int use[64], nu = 0;
-    if (sel) {
-        for (const char *p = sel; *p;) { use[nu++] = atoi(p); while (*p && *p != ',') p++; if (*p) p++; }
-    } else
-        for (int i = 0; i < nv; i++) use[nu++] = i;
-    double gbs[64][64];
+    int use[LAB_MAX_VARIANTS], nu = lab_variants(nv, use);
+    if (rounds < 1 || rounds > LAB_MAX_ROUNDS) rounds = 6;
+    static double gbs[LAB_MAX_VARIANTS][LAB_MAX_ROUNDS];
     for (int r = 0; r < rounds + 1; r++)
         for (int k = 0; k < nu; k++) {
             int v = use[(k + r) % nu]; /* rotate the order each round */
-            double t0 = now_s();
+            double t0 = lab_now_s();
             if (all[v].guided < 0) { /* one region over every matrix's bytes */
                 mat whole = {.rows = (int64_t)(total / 256), .cols = 0, .data = buf, .rb = 256};
                 job j = {.m = &whole, .fn = NULL, .pf = all[v].pf, .y = y};
@@ -303,19 +247,11 @@ int main(int argc, char **argv)
                          .nextm = all[v].ahead_kb && i + 1 < nmat ? &ms[i + 1] : NULL, .ahead_kb = all[v].ahead_kb};
                 pool_run(pool, task, &j, threads);
             }
-            double t = now_s() - t0;
+            double t = lab_now_s() - t0;
             if (r > 0) gbs[v][r - 1] = (double)total / t / 1e9;
         }
-    for (int k = 0; k < nu; k++) {
-        int v = use[k];
-        double s[64];
-        memcpy(s, gbs[v], sizeof(double) * rounds);
-        for (int a = 0; a < rounds; a++) for (int b = a + 1; b < rounds; b++) if (s[b] < s[a]) { double t = s[a]; s[a] = s[b]; s[b] = t; }
-        /* ratio to variant use[0] in the same round */
-        double rt[64];
-        for (int a = 0; a < rounds; a++) rt[a] = gbs[v][a] / gbs[use[0]][a];
-        for (int a = 0; a < rounds; a++) for (int b = a + 1; b < rounds; b++) if (rt[b] < rt[a]) { double t = rt[a]; rt[a] = rt[b]; rt[b] = t; }
-        printf("%-34s GB/s min %.2f med %.2f max %.2f | vs #%d: med %.3f [%.3f, %.3f]\n", all[v].name, s[0], s[rounds / 2], s[rounds - 1], use[0], rt[rounds / 2], rt[0], rt[rounds - 1]);
-    }
+    const char *names[LAB_MAX_VARIANTS];
+    for (int i = 0; i < nv; i++) names[i] = all[i].name;
+    lab_report(names, gbs, use, nu, rounds);
     return 0;
 }

@@ -15,21 +15,7 @@
  */
 #include "backend/cpu/threadpool.h"
 
-#include <immintrin.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "gemv_lab.h"
 
 enum { E = 2560, FF = 10240, QKV = 6144, HEADS = 16, QD = 4096, LAYERS = 36, VOCAB = 151936, PER_LAYER = 6 };
 
@@ -141,20 +127,6 @@ LANES_FN(g3_3k_t0_eo, 3, 3072, 0, 1)
 LANES_FN(g2_3k_t0_eo2, 2, 3072, 0, 3)
 LANES_FN(g3_3k_t1_eo2, 3, 3072, 1, 3)
 
-/* the probe's loop on a range of bytes (1 KB ahead to L1) */
-__attribute__((target("avx512f"))) static float stream_sum(const uint8_t *p, size_t n)
-{
-    __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
-    for (size_t i = 0; i + 256 <= n; i += 256) {
-        for (int k = 0; k < 4; k++) _mm_prefetch((const char *)(p + i) + 1024 + 64 * k, _MM_HINT_T0);
-        a = _mm512_add_ps(a, _mm512_loadu_ps((const float *)(p + i)));
-        b = _mm512_add_ps(b, _mm512_loadu_ps((const float *)(p + i + 64)));
-        c = _mm512_add_ps(c, _mm512_loadu_ps((const float *)(p + i + 128)));
-        d = _mm512_add_ps(d, _mm512_loadu_ps((const float *)(p + i + 192)));
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
-}
-
 typedef struct job {
     const mat *m;
     lab_gemv_fn fn; /* NULL: stream */
@@ -164,22 +136,6 @@ typedef struct job {
     float sink[2];
 } job;
 
-static int claim_rows(job *j, int64_t rows, int nth, int64_t min_rows, int64_t *lo, int64_t *hi)
-{
-    int64_t cur = atomic_load_explicit(&j->next, memory_order_relaxed);
-    for (;;) {
-        if (cur >= rows) return 0;
-        int64_t left = rows - cur, take = nth == 1 ? left : left / (2 * nth);
-        take = (take + 15) / 16 * 16;
-        if (take < min_rows) take = min_rows;
-        if (take > left) take = left;
-        if (atomic_compare_exchange_weak_explicit(&j->next, &cur, cur + take, memory_order_relaxed, memory_order_relaxed)) {
-            *lo = cur, *hi = cur + take;
-            return 1;
-        }
-    }
-}
-
 static void task(void *arg, int ith, int nth)
 {
     job *j = arg;
@@ -187,7 +143,7 @@ static void task(void *arg, int ith, int nth)
     if (!j->fn) { /* contiguous halves, the probe's loop */
         size_t bytes = (size_t)m->rows * m->rb, lo = bytes * ith / nth / 256 * 256,
                hi = ith == nth - 1 ? bytes : bytes * (ith + 1) / nth / 256 * 256;
-        j->sink[ith & 1] += stream_sum(m->data + lo, hi - lo);
+        j->sink[ith & 1] += lab_stream_sum(m->data + lo, hi - lo, 1024);
         return;
     }
     if (j->halves) {
@@ -197,7 +153,7 @@ static void task(void *arg, int ith, int nth)
     }
     int64_t min_rows = (int64_t)((size_t)128 * 1024 / m->rb) / 16 * 16;
     if (min_rows < 16) min_rows = 16;
-    for (int64_t lo, hi; claim_rows(j, m->rows, nth, min_rows, &lo, &hi);)
+    for (int64_t lo, hi; lab_claim(&j->next, m->rows, nth, 2, min_rows, &lo, &hi);)
         j->fn(m->data + (size_t)lo * m->rb, m->rb, hi - lo, m->cols, j->y + lo);
 }
 
@@ -216,11 +172,7 @@ int main(int argc, char **argv)
         ms[i].rb = (size_t)ms[i].cols * 2;
         total += (ms[i].rb * (size_t)ms[i].rows + 63) & ~(size_t)63;
     }
-    const size_t huge = (size_t)2 << 20;
-    uint8_t *region = mmap(NULL, total + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (region == MAP_FAILED) return perror("mmap"), 1;
-    uint8_t *buf = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
-    madvise(buf, total, MADV_HUGEPAGE);
+    uint8_t *buf = lab_thp_buffer(total);
     for (size_t i = 0; i < total; i += 2) { /* bf16 values in [0.5, 2): exponent 0x3f, random mantissa */
         uint16_t v = (uint16_t)(0x3f00 | ((i * 2654435761u) >> 13 & 0xff));
         memcpy(buf + i, &v, 2);
@@ -294,36 +246,22 @@ int main(int argc, char **argv)
         }
         printf("even/odd vs backend tile, ffn_gate: max rel diff %.2e\n", md);
     }
-    const char *sel = getenv("LAB_VARIANTS");
-    int use[64], nu = 0;
-    if (sel) {
-        for (const char *p = sel; *p;) { use[nu++] = atoi(p); while (*p && *p != ',') p++; if (*p) p++; }
-    } else
-        for (int i = 0; i < nv; i++) use[nu++] = i;
-    static double gbs[64][64];
+    int use[LAB_MAX_VARIANTS], nu = lab_variants(nv, use);
+    if (rounds < 1 || rounds > LAB_MAX_ROUNDS) rounds = 6;
+    static double gbs[LAB_MAX_VARIANTS][LAB_MAX_ROUNDS];
     for (int r = 0; r < rounds + 1; r++)
         for (int k = 0; k < nu; k++) {
-            int v = use[(k + r) % nu];
-            double t0 = now_s();
+            int v = use[(k + r) % nu]; /* the order rotated each round; round 0 warms up */
+            double t0 = lab_now_s();
             for (int i = 0; i < nmat; i++) {
                 job j = {.m = &ms[i], .fn = all[v].fn, .halves = all[v].halves, .y = y};
                 pool_run(pool, task, &j, threads);
             }
-            double t = now_s() - t0;
+            double t = lab_now_s() - t0;
             if (r > 0) gbs[v][r - 1] = (double)total / t / 1e9;
         }
-    for (int k = 0; k < nu; k++) {
-        int v = use[k];
-        double s[64], rt[64];
-        memcpy(s, gbs[v], sizeof(double) * rounds);
-        for (int a = 0; a < rounds; a++) rt[a] = gbs[v][a] / gbs[use[0]][a];
-        for (int a = 0; a < rounds; a++)
-            for (int b = a + 1; b < rounds; b++) {
-                if (s[b] < s[a]) { double t = s[a]; s[a] = s[b]; s[b] = t; }
-                if (rt[b] < rt[a]) { double t = rt[a]; rt[a] = rt[b]; rt[b] = t; }
-            }
-        printf("%-28s GB/s min %.2f med %.2f max %.2f | vs #%d: med %.3f [%.3f, %.3f]\n", all[v].name, s[0],
-               s[rounds / 2], s[rounds - 1], use[0], rt[rounds / 2], rt[0], rt[rounds - 1]);
-    }
+    const char *names[LAB_MAX_VARIANTS];
+    for (int i = 0; i < nv; i++) names[i] = all[i].name;
+    lab_report(names, gbs, use, nu, rounds);
     return 0;
 }
