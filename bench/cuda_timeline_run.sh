@@ -10,6 +10,8 @@
 # 2. on the 36-layer 4B shape (bf16, ctx 4096, 512 prefilled, 256 decoded)
 #    cuda_bench per TLSWEEP configuration (default "default:") without and
 #    with the timeline, and the timeline's table for each;
+# 2b. with QFMTS="q8_0 q4_k" the 36-layer model quantized here to each, and
+#    cuda_bench per TLSWEEP configuration on it (timeline off);
 # 3. with TESTS=1 the GPU test files (test_cuda, test_cuda_hooks, test_bench,
 #    test_pick);
 # 4. a memcheck of spark-tiny's decode with the timeline on.
@@ -43,6 +45,17 @@ for cfg in "${CONFIGS[@]}"; do
         note "$label [${cfg#*:}] timeline $tl: $line"
     done
     [ -s "$OUT/tl-$label.jsonl" ] && python3 bench/cuda_timeline.py "$OUT/tl-$label.jsonl" 2>&1 | tee -a "$SUMMARY"
+done
+
+for fmt in ${QFMTS:-}; do
+    stamp "36 layers in $fmt"
+    timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
+    for cfg in "${CONFIGS[@]}"; do
+        line=$(env $(echo "${cfg#*:}" | tr ',' ' ') timeout 90 "$BIN/cuda_bench" /tmp/m4b-$fmt.gguf --ctx 4096 --prefill 512 \
+            --decode 256 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -5 | tr '\n' ' ')
+        note "$fmt ${cfg%%:*} [${cfg#*:}]: $line"
+    done
+    rm -f /tmp/m4b-$fmt.gguf
 done
 
 if [ "${TESTS:-0}" = 1 ]; then

@@ -388,11 +388,25 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         }
     };
 
-    int64_t g = blockIdx.x;
+    /* a.ticket (DB only): groups are claimed from a counter instead of dealt
+     * round-robin, so the blocks that became resident early (on the SMs the
+     * attention before leaves idle) take the groups the late ones would
+     * have waited on. Thread 0 claims each next group a turn ahead, into
+     * claimed[turn & 1], read by all after the next barrier. */
+    unsigned *const ticket = DB ? a.ticket : NULL;
+    __shared__ unsigned claimed[2];
+    unsigned next_ticket = 0;
     tl_mark(a.tl, 0);
+    int64_t g = blockIdx.x;
+    if (ticket) {
+        if (threadIdx.x == 0) claimed[1] = atomicAdd(ticket, 1u);
+        __syncthreads();
+        g = claimed[1];
+    }
     load(g, v); /* weights only: before the wait */
     pdl_wait();
     pdl_release();
+    if (ticket && threadIdx.x == 0) next_ticket = atomicAdd(ticket, 1u); /* in flight during the x load */
     tl_mark(a.tl, 1);
     if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
         unsigned long long t;
@@ -424,9 +438,15 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         xsum = sums;
     }
 
-    int par = 0;
+    if (ticket && threadIdx.x == 0) claimed[0] = next_ticket;
+    int par = 0, turn = 0;
     for (;;) {
-        const int64_t gn = g + gridDim.x;
+        int64_t gn = g + gridDim.x;
+        if (ticket) {
+            __syncthreads();
+            gn = claimed[turn & 1];
+            if (gn < groups && threadIdx.x == 0) next_ticket = atomicAdd(ticket, 1u); /* stored after the products */
+        }
         if constexpr (DB) {
             if (gn < groups) load(gn, vn); /* in flight during the products below */
         }
@@ -458,6 +478,8 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         if constexpr (!DB) {
             if (gn < groups) load(gn, v); /* in flight during the reduction below */
         }
+        if (ticket && gn < groups && threadIdx.x == 0) claimed[(turn + 1) & 1] = next_ticket;
+        turn++;
 #pragma unroll
         for (int q = 0; q < NR; q++) acc[q] = warp_sum(acc[q]);
         bool mine = lane == 0;
@@ -512,6 +534,13 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
                 for (int k = 0; k < NV; k++) v[q][k] = vn[q][k];
         }
         g = gn;
+    }
+    if (ticket && threadIdx.x == 0) { /* the last block out rezeroes the counter for the next launch */
+        __threadfence();                 /* this block's claims before its exit count */
+        if (atomicAdd(ticket + 1, 1u) == gridDim.x - 1) {
+            ticket[0] = 0;
+            ticket[1] = 0;
+        }
     }
     tl_mark(a.tl, 2);
 }

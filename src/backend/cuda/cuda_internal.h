@@ -92,6 +92,7 @@ cudaError_t cu_kv_store(cudaStream_t st, float *kc, float *vc, int64_t slots, co
  * j % slots), keys >= *pos from qkv. The key range of each query is cut into
  * `splits` equal parts (sized on the device from the position); splits > 1
  * needs a workspace of n * n_head * splits * (head_dim + 2) floats. */
+enum { CU_AHEAD_MAX = 3 };
 typedef struct cu_attn_args {
     float *out;
     const float *qkv, *kc, *vc;
@@ -113,6 +114,12 @@ typedef struct cu_attn_args {
     double theta;
     const float *rope_tab; /* step: cos / sin at *pos (cu_rope_table); NULL: computed */
     unsigned long long *tl; /* step: SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
+    /* step: byte ranges (the weights of the GEMVs after it) its blocks ask to
+     * be brought into L2 once the wait is over: the attention moves almost no
+     * bytes, so the memory system would idle for its ~10 us (l2_ahead,
+     * cuda_graph.cu; SPARK_CUDA_L2_AHEAD) */
+    const void *ahead[CU_AHEAD_MAX];
+    int64_t ahead_bytes[CU_AHEAD_MAX];
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
 
@@ -170,6 +177,8 @@ typedef struct cu_fgemv_args {
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
     unsigned long long *tl;     /* SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
+    unsigned *ticket;           /* non-NULL: 2 zeroed counters of this launch alone; row groups are claimed
+                                 * from them (double-buffered kernels; rezeroed by the last block) */
 } cu_fgemv_args;
 
 /* SPARK_CUDA_TIMELINE's record of one launch (the tl fields above): block b's
