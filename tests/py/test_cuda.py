@@ -169,6 +169,36 @@ def test_attention_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch):
     check(f"decode (split kernels) {m.name} vs cpu", off, cpu)
 
 
+@pytest.mark.parametrize("name", ["gqa4_w8", "gqa4_8layers_w12", "d256_gqa4_w16", "tiny-q8_0", "tiny-q4_k"])
+def test_claimed_groups_and_l2_ahead_match_cpu(models, name, tmp_path, monkeypatch):
+    """Every fused GEMV claiming its row groups from a counter
+    (SPARK_CUDA_FG_DYN=2, rezeroed by each launch's last block, so a graph
+    replayed for every token must see it zero again) and the one-launch
+    attention pulling the next weights into L2 (SPARK_CUDA_L2_AHEAD): both
+    must have been in the graph, and the logits agree with the CPU as the
+    default path's do."""
+    if name.startswith("tiny-"):
+        fmt = name[5:]
+        path = TINY / "spark-tiny-q8_0.gguf" if fmt == "q8_0" else tmp_path / f"tiny-{fmt}.gguf"
+        if fmt != "q8_0":
+            run_spark(["quantize", TINY, path, "--type", fmt, "-q"])
+        ids = TINY_IDS[:40]
+    else:
+        m = models[(name, "bf16")]
+        path, ids = m.hf, m.ids
+    cpu = logits(tmp_path, path, ids, "--all")
+    monkeypatch.setenv("SPARK_CUDA_FG_DYN", "2")
+    monkeypatch.setenv("SPARK_CUDA_L2_AHEAD", "4")
+    monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
+    out = tmp_path / "dyn.npy"
+    proc = run_spark(["logits", path, "--ids", ",".join(map(str, ids)), "--out", out, "--all", "--mode", "decode",
+                      "--gpu"])
+    last = proc.stderr.split("the last graph: ")[-1]
+    claims, ahead = int(last.split(" GEMVs")[0]), int(last.split("groups, ")[1].split()[0])
+    assert claims > 0 and ahead > 0, f"claimed groups / L2 ahead not in the graph:\n{proc.stderr[-800:]}"
+    check(f"decode (claimed groups, L2 ahead) {name} vs cpu", np.load(out), cpu)
+
+
 @pytest.mark.parametrize("batch", ["5", "13"])
 def test_chunked_prefill_matches_cpu(models, batch, tmp_path):
     """Chunks of 5 run the GEMV path (n <= 8), chunks of 13 cuBLAS with a short tail."""

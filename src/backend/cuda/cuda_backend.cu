@@ -232,9 +232,10 @@ void cuda_destroy(backend *be)
         fprintf(stderr,
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
                 "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches; "
-                "one-launch attention (cluster %d): %ld launches\n",
+                "one-launch attention (cluster %d): %ld launches; the last graph: %d GEMVs claiming groups, "
+                "%d attentions asking L2 ahead\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
-                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs);
+                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->graph_fg_claims, cb->graph_l2_ahead);
     if (cb->verbose && cb->host_steps)
         fprintf(stderr,
                 "spark: CUDA host time per decode step (%ld steps, %zu commands of %zu bytes): recording "

@@ -170,6 +170,7 @@ static void add_ahead(cu_attn_args *a, int *nr, int64_t *left, const void *w, in
 
 static void l2_ahead_plan(cuda_backend *cb)
 {
+    cb->graph_l2_ahead = 0;
     for (size_t i = 0; i < cb->nfq && cb->l2_ahead > 0; i++) {
         cu_attn_args *a = &cb->fq[i].attn;
         if (cb->fq[i].op != OP_ATTN || !a->step) continue;
@@ -189,6 +190,7 @@ static void l2_ahead_plan(cuda_backend *cb)
                 add_ahead(a, &nr, &left, g->w1, g->rows1 * g->row_bytes);
             }
         }
+        cb->graph_l2_ahead += nr > 0;
     }
 }
 
@@ -208,6 +210,7 @@ static void fg_claims(cuda_backend *cb)
         const bool after_attn = i > 0 && cb->fq[i - 1].op == OP_ATTN;
         if (cb->fg_dyn == 2 || (cb->fg_dyn == 1 && after_attn)) c->fg.ticket = cb->fg_tickets + 2 * used++;
     }
+    cb->graph_fg_claims = used;
 }
 
 void fuse(cuda_backend *cb)
