@@ -233,9 +233,10 @@ void cuda_destroy(backend *be)
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
                 "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches; "
                 "one-launch attention (cluster %d): %ld launches; the last graph: %d GEMVs claiming groups, "
-                "%d attentions asking L2 ahead\n",
+                "%d attentions asking L2 ahead, %d GEMVs staged on idle SMs; %ld launches staged groups\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
-                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->graph_fg_claims, cb->graph_l2_ahead);
+                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->graph_fg_claims, cb->graph_l2_ahead, cb->graph_fg_stages,
+                cu_fgemv_staged());
     if (cb->verbose && cb->host_steps)
         fprintf(stderr,
                 "spark: CUDA host time per decode step (%ld steps, %zu commands of %zu bytes): recording "
@@ -1103,6 +1104,8 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->l2_ahead = la ? (int64_t)(atof(la) * 1048576.0) : 0;
     if (cb->l2_ahead > (int64_t)l2) cb->l2_ahead = l2;
     cudaGetLastError();
+    const char *fs = getenv("SPARK_CUDA_FG_STAGE"); /* stage_after_attention (cuda_graph.cu): =1 on, =0 off, =N */
+    cb->fg_stage = fs && *fs ? atoi(fs) : 0; /* (N > 1: at most N blocks, so small models stage too) */
     /* SPARK_CUDA_FG_DYN (fg_claims): 0 (default), 1 or 2 */
     const char *fd = getenv("SPARK_CUDA_FG_DYN");
     cb->fg_dyn = fd && *fd ? atoi(fd) : 0;

@@ -213,6 +213,29 @@ static void fg_claims(cuda_backend *cb)
     cb->graph_fg_claims = used;
 }
 
+/* The GEMV after a one-launch attention (the out projection) may become
+ * resident on the SMs the attention leaves idle ~10 us before it may start
+ * (the attention releases its dependents early), while the other SMs are
+ * still the attention's. Left to itself it spreads over every SM and the
+ * blocks that enter late set its end (bench/cuda_runs.md run 17); so it runs
+ * one block on each idle SM, and each copies its later row groups into
+ * shared memory meanwhile (cu_fgemv_args' stage_sms; SPARK_CUDA_FG_STAGE=0:
+ * not). Only where at least a quarter of the SMs are idle. */
+static void stage_after_attention(cuda_backend *cb)
+{
+    cb->graph_fg_stages = 0;
+    for (size_t i = 1; i < cb->nfq && cb->fg_stage; i++) {
+        const cmd *at = &cb->fq[i - 1];
+        cmd *c = &cb->fq[i];
+        if (c->op != OP_FGEMV || at->op != OP_ATTN || !at->attn.step || c->fg.ticket) continue;
+        int idle = cb->sms - at->attn.n_head_kv * cb->att_cluster;
+        if (idle * 4 < cb->sms) continue;
+        if (cb->fg_stage > 1 && idle > cb->fg_stage) idle = cb->fg_stage; /* (tests: small models) */
+        c->fg.stage_sms = idle;
+        cb->graph_fg_stages++;
+    }
+}
+
 void fuse(cuda_backend *cb)
 {
     const cmd *q = cb->q;
@@ -341,6 +364,7 @@ void fuse(cuda_backend *cb)
     rope_tables(cb);
     l2_ahead_plan(cb);
     fg_claims(cb);
+    stage_after_attention(cb);
     cb->fused = (long)n - (long)cb->nfq;
 }
 

@@ -177,6 +177,9 @@ typedef struct cu_fgemv_args {
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
     unsigned long long *tl;     /* SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
+    int stage_sms;              /* > 0: the SMs idle before it (those the one-launch attention leaves): cu_fgemv
+                                 * runs one block on each and stages their row groups in shared memory */
+    int stage, stage_off;       /* (set by cu_fgemv: groups a block stages, where in shared memory) */
     unsigned *ticket;           /* non-NULL: 2 zeroed counters of this launch alone; row groups are claimed
                                  * from them (double-buffered kernels; rezeroed by the last block) */
 } cu_fgemv_args;
@@ -190,6 +193,7 @@ enum { CU_TL_MARKS = 8, CU_TL_MAX_BLOCKS = 1024 };
 
 /* Whether cu_fgemv takes this format and shape (else use cu_gemv). */
 int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64_t rows);
+long cu_fgemv_staged(void); /* launches so far (captured ones once) that staged row groups (stage_sms) */
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl);
 /* Launch shape choice: the KB in flight per SM below which cu_fgemv's
  * model assumes less bandwidth (SPARK_CUDA_FG_FLY; 0 = the default, 96). */

@@ -76,7 +76,8 @@ struct cuda_backend {
                       * 0: off, SPARK_CUDA_ATTSTEP=0) */
     int fg_dyn;            /* fused GEMVs claiming their row groups (fg_claims: 0 none, 1 after an attention, 2 all) */
     unsigned *fg_tickets;  /* FG_TICKETS x 2 zeroed counters for them */
-    int graph_fg_claims, graph_l2_ahead; /* the last fusion's GEMVs claiming groups, attentions asking ahead */
+    int fg_stage;          /* the GEMV after a one-launch attention staged on the idle SMs (stage_after_attention) */
+    int graph_fg_claims, graph_l2_ahead, graph_fg_stages; /* the last fusion's GEMVs claiming groups, attentions asking ahead */
     int64_t l2_ahead;      /* bytes the one-launch attention asks into L2 for the GEMVs after it (l2_ahead) */
     int64_t att_step_keys; /* ... while a full layer's context is at most this (SPARK_CUDA_ATTSTEP_KEYS) */
     long graph_att_steps, att_step_runs; /* its launches in the current graph; launches run (SPARK_CUDA_VERBOSE) */
