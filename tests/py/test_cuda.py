@@ -169,48 +169,6 @@ def test_attention_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch):
     check(f"decode (split kernels) {m.name} vs cpu", off, cpu)
 
 
-GEMV_MODES = {  # environment, and the counts of the verbose line's "the last graph:" that must be > 0
-    "claims": ({"SPARK_CUDA_FG_DYN": "2", "SPARK_CUDA_L2_AHEAD": "4"}, ("claiming", "asking")),
-    "staged": ({"SPARK_CUDA_FG_STAGE": "3"}, ("staged", "staged groups")),  # 3 blocks: small models stage too
-}
-
-
-@pytest.mark.parametrize("mode", GEMV_MODES)
-@pytest.mark.parametrize("name", ["gqa4_w8", "gqa4_8layers_w12", "d256_gqa4_w16", "tiny-q8_0", "tiny-q4_k"])
-def test_gemv_group_modes_match_cpu(models, name, mode, tmp_path, monkeypatch):
-    """Fused GEMVs claiming their row groups from a counter (SPARK_CUDA_FG_DYN=2:
-    rezeroed by each launch's last block, so a graph replayed for every
-    token must find it zero again) with the one-launch attention pulling
-    the next weights into L2 (SPARK_CUDA_L2_AHEAD); and the out projection
-    run on the SMs the attention leaves idle with its later row groups
-    staged in shared memory (SPARK_CUDA_FG_STAGE=1). Each must have been in
-    the captured graph, and the logits agree with the CPU as the default
-    path's do."""
-    if name.startswith("tiny-"):
-        fmt = name[5:]
-        path = TINY / "spark-tiny-q8_0.gguf" if fmt == "q8_0" else tmp_path / f"tiny-{fmt}.gguf"
-        if fmt != "q8_0":
-            run_spark(["quantize", TINY, path, "--type", fmt, "-q"])
-        ids = TINY_IDS[:40]
-    else:
-        m = models[(name, "bf16")]
-        path, ids = m.hf, m.ids
-    cpu = logits(tmp_path, path, ids, "--all")
-    env, counted = GEMV_MODES[mode]
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
-    out = tmp_path / "modes.npy"
-    proc = run_spark(["logits", path, "--ids", ",".join(map(str, ids)), "--out", out, "--all", "--mode", "decode",
-                      "--gpu"])
-    last = proc.stderr.split("the last graph: ")[-1].split("\n")[0]
-    counts = {part.split()[2]: int(part.split()[0]) for part in last.split("; ")[0].split(", ")}
-    counts["staged groups"] = int(last.split("; ")[1].split()[0])
-    for key in counted:
-        assert counts.get(key, 0) > 0, f"{key} not in the graph ({last}):\n{proc.stderr[-800:]}"
-    check(f"decode ({mode}) {name} vs cpu", np.load(out), cpu)
-
-
 @pytest.mark.parametrize("batch", ["5", "13"])
 def test_chunked_prefill_matches_cpu(models, batch, tmp_path):
     """Chunks of 5 run the GEMV path (n <= 8), chunks of 13 cuBLAS with a short tail."""

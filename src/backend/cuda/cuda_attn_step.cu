@@ -107,7 +107,6 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
     pdl_wait();
     pdl_release();
-    l2_ahead(a); /* the qkv GEMV has ended: the bus is free from here */
     tl_mark(a.tl, 1);
 
     /* this KV head's G query heads, roped (pairs (t, t + half)), and the

@@ -232,11 +232,9 @@ void cuda_destroy(backend *be)
         fprintf(stderr,
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
                 "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches; "
-                "one-launch attention (cluster %d): %ld launches; the last graph: %d GEMVs claiming groups, "
-                "%d attentions asking L2 ahead, %d GEMVs staged on idle SMs; %ld launches staged groups\n",
+                "one-launch attention (cluster %d): %ld launches\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
-                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->graph_fg_claims, cb->graph_l2_ahead, cb->graph_fg_stages,
-                cu_fgemv_staged());
+                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs);
     if (cb->verbose && cb->host_steps)
         fprintf(stderr,
                 "spark: CUDA host time per decode step (%ld steps, %zu commands of %zu bytes): recording "
@@ -251,7 +249,6 @@ void cuda_destroy(backend *be)
     free(cb->fq);
     cudaFree(cb->stamps);
     cudaFree(cb->tl_dev);
-    cudaFree(cb->fg_tickets);
     free(cb->tl_cmd);
     free(cb->tl_path);
     cudaFree(cb->d_pos);
@@ -1096,23 +1093,6 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     const int want = as ? atoi(as) : ATT_STEP_CLUSTER;
     cb->att_cluster = cb->fuse_on && want > 1 ? cu_attn_step_cluster(device, want) : 0;
     cb->att_step_keys = ak && atoll(ak) > 0 ? atoll(ak) : ATT_STEP_KEYS;
-    /* SPARK_CUDA_L2_AHEAD=MB: what the one-launch attention asks into L2 (unset or 0: nothing, as run
-     * 12 of bench/cuda_runs.md measured no gain from it; at most all of L2) */
-    const char *la = getenv("SPARK_CUDA_L2_AHEAD");
-    int l2 = 0;
-    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) != cudaSuccess) l2 = 0;
-    cb->l2_ahead = la ? (int64_t)(atof(la) * 1048576.0) : 0;
-    if (cb->l2_ahead > (int64_t)l2) cb->l2_ahead = l2;
-    cudaGetLastError();
-    const char *fs = getenv("SPARK_CUDA_FG_STAGE"); /* stage_after_attention (cuda_graph.cu): =1 on, =0 off, =N */
-    cb->fg_stage = fs && *fs ? atoi(fs) : 0; /* (N > 1: at most N blocks, so small models stage too) */
-    /* SPARK_CUDA_FG_DYN (fg_claims): 0 (default), 1 or 2 */
-    const char *fd = getenv("SPARK_CUDA_FG_DYN");
-    cb->fg_dyn = fd && *fd ? atoi(fd) : 0;
-    if (cb->fuse_on && cb->fg_dyn > 0) {
-        CK(cudaMalloc((void **)&cb->fg_tickets, 2 * FG_TICKETS * sizeof *cb->fg_tickets));
-        CK(cudaMemset(cb->fg_tickets, 0, 2 * FG_TICKETS * sizeof *cb->fg_tickets));
-    }
     timeline_init(cb);
     CK(cu_kv_init()); /* the TurboQuant tables on this device */
     /* a coded cache's single-token stage: allocated here, never grown inside a step */

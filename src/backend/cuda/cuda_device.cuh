@@ -254,32 +254,6 @@ __device__ __forceinline__ void pdl_release()
 #endif
 }
 
-/* Ask for the bytes of a.ahead[] to be brought into L2 (the bulk engine's
- * prefetch, sm_90: no registers, nothing waits for it), in 16 KB pieces
- * dealt over every thread of the grid, the ranges in order, so the first
- * range arrives first. Ends are rounded down to 16 bytes, as the
- * instruction needs. */
-__device__ __forceinline__ void l2_ahead(const cu_attn_args &a)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int64_t PIECE = 16384;
-    int64_t first[CU_AHEAD_MAX + 1];
-    first[0] = 0;
-    for (int r = 0; r < CU_AHEAD_MAX; r++) first[r + 1] = first[r] + (a.ahead_bytes[r] + PIECE - 1) / PIECE;
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < first[CU_AHEAD_MAX]; i += step) {
-        int r = 0;
-        while (i >= first[r + 1]) r++;
-        const int64_t off = (i - first[r]) * PIECE;
-        const int64_t left = a.ahead_bytes[r] - off;
-        const uint32_t bytes = (uint32_t)((left < PIECE ? left : PIECE) & ~(int64_t)15);
-        if (bytes)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)a.ahead[r] + off), "r"(bytes)
-                         : "memory");
-    }
-#endif
-}
-
 /* SPARK_CUDA_TIMELINE (cuda_graph.cu's timeline_*): thread 0 of each block
  * writes %globaltimer (ns) at mark k (0 entry, 1 after the dependency wait,
  * 2 exit, 3.. inside; CU_TL_MARKS, cuda_internal.h) into the launch's

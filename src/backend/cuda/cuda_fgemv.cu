@@ -70,7 +70,6 @@ struct fmt_bf16 {
         uint4 q;
     };
     __device__ static unit load(const uint8_t *row, int i, int) { return {__ldcs((const uint4 *)row + i)}; }
-    __device__ static unit load_s(const uint8_t *row, int i, int) { return {((const uint4 *)row)[i]}; }
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0)}; }
     __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
     {
@@ -99,10 +98,6 @@ struct fmt_q8_0 {
     __device__ static unit load(const uint8_t *row, int i, int cols)
     {
         return {__ldcs((const uint4 *)row + i), (uint32_t)__ldcs((const unsigned short *)(row + cols) + i / 2)};
-    }
-    __device__ static unit load_s(const uint8_t *row, int i, int cols)
-    {
-        return {((const uint4 *)row)[i], (uint32_t)((const unsigned short *)(row + cols))[i / 2]};
     }
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0), 0}; }
     __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
@@ -137,10 +132,6 @@ struct fmt_q4_k {
     __device__ static unit load(const uint8_t *row, int i, int cols)
     {
         return {__ldcs((const uint4 *)row + i), __ldcs((const uint4 *)(row + cols / 2) + i / 8)};
-    }
-    __device__ static unit load_s(const uint8_t *row, int i, int cols)
-    {
-        return {((const uint4 *)row)[i], ((const uint4 *)(row + cols / 2))[i / 8]};
     }
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)}; }
     /* (a lane's units all have the same j = i % 8: the compiler finds that;
@@ -380,26 +371,6 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
 
     typename F::unit v[NR][NV], vn[DB ? NR : 1][DB ? NV : 1]; /* vn: the next group's, with DB */
     auto row_of = [&](int64_t g, int q) { return PAIR ? g * RPG + rl : (g * RPG + rl) * RW + q; };
-    /* a.stage (DB, one segment, no pair): this block's groups 2..stage+1
-     * (blockIdx.x + s * gridDim.x, s = 1..stage) copied whole into shared
-     * memory at a.stage_off by the bulk-copy engine before the wait; turn
-     * s - 1 reads group s from there instead of from global memory */
-    const int stage = DB && !PAIR ? a.stage : 0;
-    uint8_t *const staged = (uint8_t *)xs4 + a.stage_off;
-    const int64_t group_rows = (int64_t)RPG * RW, group_bytes = group_rows * a.row_bytes;
-    __shared__ __align__(8) uint64_t stage_bar;
-    auto load_staged = [&](int64_t g, int s, auto &dst) {
-        const uint8_t *base = staged + (int64_t)s * group_bytes - g * group_bytes;
-#pragma unroll
-        for (int q = 0; q < NR; q++) {
-            const int64_t r = row_of(g, q);
-#pragma unroll
-            for (int k = 0; k < NV; k++) {
-                const int i = s0 + lane + WARP * k;
-                dst[q][k] = r < R && i < s1 ? F::load_s(base + r * a.row_bytes, i, a.cols) : F::none();
-            }
-        }
-    };
     auto load = [&](int64_t g, auto &dst) {
 #pragma unroll
         for (int q = 0; q < NR; q++) {
@@ -417,44 +388,11 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         }
     };
 
-    /* a.ticket (DB only): groups are claimed from a counter instead of dealt
-     * round-robin, so the blocks that became resident early (on the SMs the
-     * attention before leaves idle) take the groups the late ones would
-     * have waited on. Thread 0 claims each next group a turn ahead, into
-     * claimed[turn & 1], read by all after the next barrier. */
-    unsigned *const ticket = DB ? a.ticket : NULL;
-    __shared__ unsigned claimed[2];
-    unsigned next_ticket = 0;
-    tl_mark(a.tl, 0);
-    if (stage) {
-        if (threadIdx.x == 0) {
-            mbar_init(&stage_bar, 1);
-            mbar_fence_init();
-            uint32_t total = 0;
-            for (int s = 1; s <= stage; s++) {
-                const int64_t gs = blockIdx.x + (int64_t)s * gridDim.x, r0 = gs * group_rows;
-                if (gs < groups) total += (uint32_t)(((R - r0 < group_rows ? R - r0 : group_rows)) * a.row_bytes);
-            }
-            mbar_expect(&stage_bar, total);
-            for (int s = 1; s <= stage; s++) {
-                const int64_t gs = blockIdx.x + (int64_t)s * gridDim.x, r0 = gs * group_rows;
-                if (gs < groups)
-                    bulk_load(staged + (int64_t)(s - 1) * group_bytes, w0 + r0 * a.row_bytes,
-                              (uint32_t)(((R - r0 < group_rows ? R - r0 : group_rows)) * a.row_bytes), &stage_bar);
-            }
-        }
-        __syncthreads(); /* the barrier initialised before anyone waits on it */
-    }
     int64_t g = blockIdx.x;
-    if (ticket) {
-        if (threadIdx.x == 0) claimed[1] = atomicAdd(ticket, 1u);
-        __syncthreads();
-        g = claimed[1];
-    }
+    tl_mark(a.tl, 0);
     load(g, v); /* weights only: before the wait */
     pdl_wait();
     pdl_release();
-    if (ticket && threadIdx.x == 0) next_ticket = atomicAdd(ticket, 1u); /* in flight during the x load */
     tl_mark(a.tl, 1);
     if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
         unsigned long long t;
@@ -486,22 +424,11 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         xsum = sums;
     }
 
-    if (ticket && threadIdx.x == 0) claimed[0] = next_ticket;
-    int par = 0, turn = 0;
+    int par = 0;
     for (;;) {
-        int64_t gn = g + gridDim.x;
-        if (ticket) {
-            __syncthreads();
-            gn = claimed[turn & 1];
-            if (gn < groups && threadIdx.x == 0) next_ticket = atomicAdd(ticket, 1u); /* stored after the products */
-        }
+        const int64_t gn = g + gridDim.x;
         if constexpr (DB) {
-            if (turn < stage && !ticket) {
-                if (turn == 0) mbar_wait(&stage_bar, 0);
-                if (gn < groups) load_staged(gn, turn, vn);
-            } else if (gn < groups) {
-                load(gn, vn); /* in flight during the products below */
-            }
+            if (gn < groups) load(gn, vn); /* in flight during the products below */
         }
         /* bf16: two accumulators a row (even / odd units) halve the dependent
          * FMA chain, and a unit past the segment (zero weights, F::none) is
@@ -531,8 +458,6 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         if constexpr (!DB) {
             if (gn < groups) load(gn, v); /* in flight during the reduction below */
         }
-        if (ticket && gn < groups && threadIdx.x == 0) claimed[(turn + 1) & 1] = next_ticket;
-        turn++;
 #pragma unroll
         for (int q = 0; q < NR; q++) acc[q] = warp_sum(acc[q]);
         bool mine = lane == 0;
@@ -587,13 +512,6 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
                 for (int k = 0; k < NV; k++) v[q][k] = vn[q][k];
         }
         g = gn;
-    }
-    if (ticket && threadIdx.x == 0) { /* the last block out rezeroes the counter for the next launch */
-        __threadfence();                 /* this block's claims before its exit count */
-        if (atomicAdd(ticket + 1, 1u) == gridDim.x - 1) {
-            ticket[0] = 0;
-            ticket[1] = 0;
-        }
     }
     tl_mark(a.tl, 2);
 }
@@ -753,50 +671,6 @@ int fg_occupancy(fgemv_fn fn, size_t smem)
     return b;
 }
 
-/* How many of a block's later row groups fit in shared memory beside x
- * (the opt-in maximum a block), set in the launch's args; the kernel's
- * dynamic shared memory raised to match (once per kernel). */
-void fg_stage_plan(cu_fgemv_args *a, fgemv_fn fn, int ks, int rw, unsigned grid, size_t smem, size_t *run_smem)
-{
-    static int optin = -1;
-    if (optin < 0) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-            optin = 0;
-        cudaGetLastError();
-    }
-    const int64_t group_rows = (int64_t)(FG_WARPS / ks) * rw, group_bytes = group_rows * a->row_bytes;
-    const int64_t groups = (a->rows0 + group_rows - 1) / group_rows;
-    const int64_t later = (groups + grid - 1) / grid - 1; /* the groups after a block's first */
-    const size_t off = (smem + 127) / 128 * 128;
-    const int64_t room = (int64_t)optin - (int64_t)off - 1024; /* (the kernel's static shared memory) */
-    int64_t n = room > 0 ? room / group_bytes : 0;
-    n = n < later ? n : later;
-    if (n <= 0) return;
-    const size_t need = off + (size_t)(n * group_bytes);
-    static struct {
-        fgemv_fn fn;
-        size_t bytes;
-    } raised[64];
-    static int nraised;
-    int i = 0;
-    while (i < nraised && raised[i].fn != fn) i++;
-    if (i == nraised || raised[i].bytes < need) {
-        if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need) != cudaSuccess) {
-            cudaGetLastError();
-            return;
-        }
-        if (i == nraised && nraised < 64) nraised++;
-        if (i < 64) raised[i] = {fn, need};
-    }
-    a->stage = (int)n;
-    a->stage_off = (int)off;
-    *run_smem = need;
-}
-
-long fg_staged_launches; /* launches (or captures) with groups staged (cu_fgemv_staged) */
-
 double fg_fly = 96e3; /* bench/cuda_runs.md run 7: 48 KB left the out-projection at 41 KB per SM */
 
 } // namespace
@@ -816,8 +690,6 @@ int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64
            fg_smem(dtype, cols) <= 46 * 1024 && cols / vals <= 8 * WARP * fg_nv(dtype, nnv - 1) && rows > 0 &&
            rows < ((int64_t)1 << 31);
 }
-
-long cu_fgemv_staged(void) { return fg_staged_launches; }
 
 void cu_fgemv_tune(int fly_kb) { fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 96e3; }
 
@@ -859,8 +731,6 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
     const int nvec = a->cols / vals;
     const size_t smem = fg_smem(a->dtype, a->cols);
     const double prologue = fg_x16(a->dtype) ? fg_x16_cost() * a->cols : 0.0; /* a block's, as bytes */
-    /* staging (cu_fgemv_args' stage_sms): one block on each idle SM */
-    const bool staging = a->stage_sms > 0 && fg_db() && !pair && a->rows1 == 0 && !a->ticket;
     fgemv_fn best = NULL;
     unsigned best_grid = 0;
     double best_t = 0, best_fly = 0;
@@ -878,9 +748,9 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         if (bmax > 8) bmax = 8;
         const int64_t set_rows = (int64_t)(FG_WARPS / ks) * rw;
         const int64_t groups = (R + set_rows - 1) / set_rows;
-        for (int b = 1; b <= (staging ? 1 : bmax); b++) {
-            if (fg_force_b && b != fg_force_b && !staging) continue;
-            int64_t grid = staging ? a->stage_sms : (int64_t)sms * b;
+        for (int b = 1; b <= bmax; b++) {
+            if (fg_force_b && b != fg_force_b) continue;
+            int64_t grid = (int64_t)sms * b;
             if (grid > groups) grid = groups;
             const int64_t rounds = (groups + grid - 1) / grid;
             const int64_t per_sm_blocks = (grid + sms - 1) / sms;
@@ -905,11 +775,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         fprintf(stderr, "fgemv %lld x %d%s (dtype %d): KS %d NV %d%s%s, %u blocks (%.0f KB in flight per SM)\n",
                 (long long)R, a->cols, pair ? " pair" : "", a->dtype, best_ks, best_nv,
                 fg_x16(a->dtype) ? " X16" : "", fg_db() ? " DB" : "", best_grid, best_fly / 1e3);
-    cu_fgemv_args run = *a;
-    size_t run_smem = smem;
-    if (staging) fg_stage_plan(&run, best, best_ks, rw, best_grid, smem, &run_smem);
-    fg_staged_launches += run.stage > 0;
-    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), run_smem, st, best, run);
+    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }

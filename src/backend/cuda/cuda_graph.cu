@@ -150,92 +150,6 @@ void rope_tables(cuda_backend *cb)
     }
 }
 
-/* A one-launch attention moves a few MB of cache in ~10 us: the memory
- * system would idle while it runs. So its blocks ask for the weights of the
- * GEMVs after it to be brought into L2 (cu_attn_args' ahead; the bulk
- * engine's prefetch, nothing waits for it): the out projection whole, then,
- * while cb->l2_ahead bytes allow, the first rows of the gate / up pair,
- * which are every block's first groups (fgemv deals groups round-robin), so
- * each block starts from L2. Only what fits a fraction of L2 is asked for,
- * or the later ranges would push out the earlier before they are read. */
-static void add_ahead(cu_attn_args *a, int *nr, int64_t *left, const void *w, int64_t bytes)
-{
-    if (*nr >= CU_AHEAD_MAX || *left <= 0 || bytes <= 0 || !al16(w)) return;
-    if (bytes > *left) bytes = *left;
-    a->ahead[*nr] = w;
-    a->ahead_bytes[*nr] = bytes;
-    (*nr)++;
-    *left -= bytes;
-}
-
-static void l2_ahead_plan(cuda_backend *cb)
-{
-    cb->graph_l2_ahead = 0;
-    for (size_t i = 0; i < cb->nfq && cb->l2_ahead > 0; i++) {
-        cu_attn_args *a = &cb->fq[i].attn;
-        if (cb->fq[i].op != OP_ATTN || !a->step) continue;
-        int nr = 0;
-        int64_t left = cb->l2_ahead;
-        for (size_t j = i + 1; j < cb->nfq && cb->fq[j].op != OP_ATTN && left > 0 && nr < CU_AHEAD_MAX; j++) {
-            const cu_fgemv_args *g = &cb->fq[j].fg;
-            if (cb->fq[j].op != OP_FGEMV) continue;
-            if (g->pair) { /* the same first rows of both matrices */
-                int64_t rows = left / (2 * g->row_bytes);
-                rows = rows < g->rows0 ? rows : g->rows0;
-                if (nr + 2 > CU_AHEAD_MAX || rows <= 0) break;
-                add_ahead(a, &nr, &left, g->w0, rows * g->row_bytes);
-                add_ahead(a, &nr, &left, g->w1, rows * g->row_bytes);
-            } else {
-                add_ahead(a, &nr, &left, g->w0, g->rows0 * g->row_bytes);
-                add_ahead(a, &nr, &left, g->w1, g->rows1 * g->row_bytes);
-            }
-        }
-        cb->graph_l2_ahead += nr > 0;
-    }
-}
-
-/* Which fused GEMVs claim their row groups from a counter (cu_fgemv_args'
- * ticket) rather than dealing them round-robin: the out projection after a
- * one-launch attention has half its blocks resident ~10 us early on the SMs
- * the attention leaves idle and the other half entering only as the
- * attention's blocks leave (bench/cuda_runs.md run 17's timeline), so a
- * fixed deal makes the late half set its end (SPARK_CUDA_FG_DYN: 0 none,
- * 1 those, 2 every fused GEMV). */
-static void fg_claims(cuda_backend *cb)
-{
-    int used = 0;
-    for (size_t i = 0; i < cb->nfq && cb->fg_tickets && used < FG_TICKETS; i++) {
-        cmd *c = &cb->fq[i];
-        if (c->op != OP_FGEMV) continue;
-        const bool after_attn = i > 0 && cb->fq[i - 1].op == OP_ATTN;
-        if (cb->fg_dyn == 2 || (cb->fg_dyn == 1 && after_attn)) c->fg.ticket = cb->fg_tickets + 2 * used++;
-    }
-    cb->graph_fg_claims = used;
-}
-
-/* The GEMV after a one-launch attention (the out projection) may become
- * resident on the SMs the attention leaves idle ~10 us before it may start
- * (the attention releases its dependents early), while the other SMs are
- * still the attention's. Left to itself it spreads over every SM and the
- * blocks that enter late set its end (bench/cuda_runs.md run 17); so it runs
- * one block on each idle SM, and each copies its later row groups into
- * shared memory meanwhile (cu_fgemv_args' stage_sms; SPARK_CUDA_FG_STAGE=0:
- * not). Only where at least a quarter of the SMs are idle. */
-static void stage_after_attention(cuda_backend *cb)
-{
-    cb->graph_fg_stages = 0;
-    for (size_t i = 1; i < cb->nfq && cb->fg_stage; i++) {
-        const cmd *at = &cb->fq[i - 1];
-        cmd *c = &cb->fq[i];
-        if (c->op != OP_FGEMV || at->op != OP_ATTN || !at->attn.step || c->fg.ticket) continue;
-        int idle = cb->sms - at->attn.n_head_kv * cb->att_cluster;
-        if (idle * 4 < cb->sms) continue;
-        if (cb->fg_stage > 1 && idle > cb->fg_stage) idle = cb->fg_stage; /* (tests: small models) */
-        c->fg.stage_sms = idle;
-        cb->graph_fg_stages++;
-    }
-}
-
 void fuse(cuda_backend *cb)
 {
     const cmd *q = cb->q;
@@ -362,9 +276,6 @@ void fuse(cuda_backend *cb)
     }
     fold_hooks(cb);
     rope_tables(cb);
-    l2_ahead_plan(cb);
-    fg_claims(cb);
-    stage_after_attention(cb);
     cb->fused = (long)n - (long)cb->nfq;
 }
 

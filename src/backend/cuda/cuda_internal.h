@@ -92,7 +92,6 @@ cudaError_t cu_kv_store(cudaStream_t st, float *kc, float *vc, int64_t slots, co
  * j % slots), keys >= *pos from qkv. The key range of each query is cut into
  * `splits` equal parts (sized on the device from the position); splits > 1
  * needs a workspace of n * n_head * splits * (head_dim + 2) floats. */
-enum { CU_AHEAD_MAX = 3 };
 typedef struct cu_attn_args {
     float *out;
     const float *qkv, *kc, *vc;
@@ -114,12 +113,6 @@ typedef struct cu_attn_args {
     double theta;
     const float *rope_tab; /* step: cos / sin at *pos (cu_rope_table); NULL: computed */
     unsigned long long *tl; /* step: SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
-    /* step: byte ranges (the weights of the GEMVs after it) its blocks ask to
-     * be brought into L2 once the wait is over: the attention moves almost no
-     * bytes, so the memory system would idle for its ~10 us (l2_ahead,
-     * cuda_graph.cu; SPARK_CUDA_L2_AHEAD) */
-    const void *ahead[CU_AHEAD_MAX];
-    int64_t ahead_bytes[CU_AHEAD_MAX];
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
 
@@ -177,11 +170,6 @@ typedef struct cu_fgemv_args {
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
     unsigned long long *tl;     /* SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
-    int stage_sms;              /* > 0: the SMs idle before it (those the one-launch attention leaves): cu_fgemv
-                                 * runs one block on each and stages their row groups in shared memory */
-    int stage, stage_off;       /* (set by cu_fgemv: groups a block stages, where in shared memory) */
-    unsigned *ticket;           /* non-NULL: 2 zeroed counters of this launch alone; row groups are claimed
-                                 * from them (double-buffered kernels; rezeroed by the last block) */
 } cu_fgemv_args;
 
 /* SPARK_CUDA_TIMELINE's record of one launch (the tl fields above): block b's
@@ -193,7 +181,6 @@ enum { CU_TL_MARKS = 8, CU_TL_MAX_BLOCKS = 1024 };
 
 /* Whether cu_fgemv takes this format and shape (else use cu_gemv). */
 int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64_t rows);
-long cu_fgemv_staged(void); /* launches so far (captured ones once) that staged row groups (stage_sms) */
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl);
 /* Launch shape choice: the KB in flight per SM below which cu_fgemv's
  * model assumes less bandwidth (SPARK_CUDA_FG_FLY; 0 = the default, 96). */

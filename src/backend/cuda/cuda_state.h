@@ -23,7 +23,6 @@ extern "C" {
 namespace spark_cuda {
 
 constexpr size_t PANEL_BYTES = (size_t)128 << 20; /* decoded weight rows per cuBLAS call */
-constexpr int FG_TICKETS = 1024;                  /* fused GEMVs of a step that may claim groups (fg_claims) */
 constexpr int ROPE_TABLES = 4;                    /* rope classes with a per-step angle table (rope_tables) */
 constexpr int SPLIT_MIN_KEYS = 32;                /* a key split below this is not worth a block (bench/cuda_runs.md run 7) */
 constexpr int ATT_STEP_CLUSTER = 16;              /* blocks (key splits) per KV head of the one-launch attention */
@@ -74,11 +73,6 @@ struct cuda_backend {
     int pdl_early;   /* attention releases its dependents before its wait (SPARK_CUDA_PDL_EARLY=0: not) */
     int att_cluster; /* a decode step's attention in one launch, splits = this cluster size (cuda_attn_step.cu;
                       * 0: off, SPARK_CUDA_ATTSTEP=0) */
-    int fg_dyn;            /* fused GEMVs claiming their row groups (fg_claims: 0 none, 1 after an attention, 2 all) */
-    unsigned *fg_tickets;  /* FG_TICKETS x 2 zeroed counters for them */
-    int fg_stage;          /* the GEMV after a one-launch attention staged on the idle SMs (stage_after_attention) */
-    int graph_fg_claims, graph_l2_ahead, graph_fg_stages; /* the last fusion's GEMVs claiming groups, attentions asking ahead */
-    int64_t l2_ahead;      /* bytes the one-launch attention asks into L2 for the GEMVs after it (l2_ahead) */
     int64_t att_step_keys; /* ... while a full layer's context is at most this (SPARK_CUDA_ATTSTEP_KEYS) */
     long graph_att_steps, att_step_runs; /* its launches in the current graph; launches run (SPARK_CUDA_VERBOSE) */
     int pdl_now;     /* launches now get the PDL attribute (during a capture) */
