@@ -248,87 +248,37 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     if (rank == 0) /* q roped in place, as rope_kv leaves it */
         for (int i = threadIdx.x; i < G * D; i += blockDim.x) qkv[(int64_t)(kh * G + i / D) * D + i % D] = qs[i / D][i % D];
 
-    if (a.merge_serial) { /* SPARK_CUDA_ATT_MERGE=0: the earlier form, one thread an output */
-        /* the splits' states (one distributed-shared-memory round), then each
-         * output of this block's slice of the G x D, gated: its thread reads the
-         * partners' values first and weighs the splits itself, in ascending
-         * order (as the merge kernel; the same operations as one weight a
-         * thread, without two more block barriers: run 19's timeline, 3 us for
-         * this merge) */
-        __shared__ float om[AS_CMAX][AS_G], ol[AS_CMAX][AS_G];
-        if (threadIdx.x < C * G) {
-            const int c = threadIdx.x / G, g = threadIdx.x % G;
-            om[c][g] = cl.map_shared_rank(&fin_m[0], c)[g];
-            ol[c][g] = cl.map_shared_rank(&fin_l[0], c)[g];
-        }
-        __syncthreads();
-        const int outs_s = G * D, slice_s = (outs_s + C - 1) / C;
-        const int i_end_s = (rank + 1) * slice_s < outs_s ? (rank + 1) * slice_s : outs_s;
-        for (int i = rank * slice_s + threadIdx.x; i < i_end_s; i += blockDim.x) {
-            const int g = i / D, d = i % D;
-            float part[AS_CMAX]; /* the partners' values, all requested before any is used */
+    /* the splits' states (one distributed-shared-memory round), then each
+     * output of this block's slice of the G x D, gated: its thread reads the
+     * partners' values first and weighs the splits itself, in ascending
+     * order (as the merge kernel; the same operations as one weight a
+     * thread, without two more block barriers: run 19's timeline, 3 us for
+     * this merge) */
+    __shared__ float rm[AS_CMAX][AS_G], rl[AS_CMAX][AS_G];
+    if (threadIdx.x < C * G) {
+        const int c = threadIdx.x / G, g = threadIdx.x % G;
+        rm[c][g] = cl.map_shared_rank(&fin_m[0], c)[g];
+        rl[c][g] = cl.map_shared_rank(&fin_l[0], c)[g];
+    }
+    __syncthreads();
+    const int outs = G * D, slice = (outs + C - 1) / C;
+    const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
+    for (int i = rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        float part[AS_CMAX]; /* the partners' values, all requested before any is used */
 #pragma unroll
-            for (int c = 0; c < AS_CMAX; c++) part[c] = c < C ? cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] : 0.0f;
-            float M = -INFINITY;
-            for (int c = 0; c < C; c++) M = fmaxf(M, om[c][g]);
-            float L = 0.0f, A = 0.0f;
+        for (int c = 0; c < AS_CMAX; c++) part[c] = c < C ? cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] : 0.0f;
+        float M = -INFINITY;
+        for (int c = 0; c < C; c++) M = fmaxf(M, rm[c][g]);
+        float L = 0.0f, A = 0.0f;
 #pragma unroll
-            for (int c = 0; c < AS_CMAX; c++) {
-                if (c >= C) break;
-                const float w = om[c][g] == -INFINITY ? 0.0f : expf(om[c][g] - M); /* 0: an empty split */
-                L += ol[c][g] * w;
-                if (w != 0.0f) A += part[c] * w;
-            }
-            a.out[(int64_t)(kh * G + g) * D + d] = A / L * gsig[g];
+        for (int c = 0; c < AS_CMAX; c++) {
+            if (c >= C) break;
+            const float w = rm[c][g] == -INFINITY ? 0.0f : expf(rm[c][g] - M); /* 0: an empty split */
+            L += rl[c][g] * w;
+            if (w != 0.0f) A += part[c] * w;
         }
-    } else {
-        /* the splits' states (one distributed-shared-memory round), each split's
-         * weight exp(m_c - M) once per (split, head) (not once per output and
-         * split: 16 expf in every output's thread, run 17's 2.8 us for this
-         * merge), then each output of this block's slice of the G x D, gated,
-         * summed by MP threads that read C / MP partners each and meet in
-         * shuffles (one partner value a thread in flight instead of C) */
-        __shared__ float rw[AS_CMAX][AS_G], rl[AS_CMAX][AS_G];
-        float my_m = -INFINITY;
-        const int cg_c = threadIdx.x / G, cg_g = threadIdx.x % G;
-        if (threadIdx.x < C * G) {
-            my_m = cl.map_shared_rank(&fin_m[0], cg_c)[cg_g];
-            rl[cg_c][cg_g] = cl.map_shared_rank(&fin_l[0], cg_c)[cg_g];
-            rw[cg_c][cg_g] = my_m; /* the maxima first, the weights after the barrier */
-        }
-        __syncthreads();
-        float my_w = 0.0f;
-        if (threadIdx.x < C * G) {
-            float M = -INFINITY;
-            for (int c = 0; c < C; c++) M = fmaxf(M, rw[c][cg_g]);
-            my_w = my_m == -INFINITY ? 0.0f : expf(my_m - M); /* 0: an empty split */
-        }
-        __syncthreads(); /* every maximum read */
-        if (threadIdx.x < C * G) rw[cg_c][cg_g] = my_w;
-        __syncthreads();
-        const int outs = G * D, slice = (outs + C - 1) / C;
-        const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
-        constexpr int MP = 8; /* threads an output (<= WARP, a power of two) */
-        const int sub = threadIdx.x % MP;
-        for (int i0 = rank * slice; i0 < i_end; i0 += blockDim.x / MP) {
-            const int i = i0 + threadIdx.x / MP;
-            const bool in = i < i_end;
-            const int g = in ? i / D : 0, d = in ? i % D : 0;
-            float A = 0.0f;
-#pragma unroll
-            for (int c = sub; c < AS_CMAX; c += MP)
-                if (in && c < C) {
-                    const float w = rw[c][g];
-                    if (w != 0.0f) A += cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] * w;
-                }
-#pragma unroll
-            for (int o = MP / 2; o > 0; o /= 2) A += __shfl_xor_sync(0xffffffffu, A, o);
-            if (in && sub == 0) {
-                float L = 0.0f;
-                for (int c = 0; c < C; c++) L += rl[c][g] * rw[c][g];
-                a.out[(int64_t)(kh * G + g) * D + d] = A / L * gsig[g];
-            }
-        }
+        a.out[(int64_t)(kh * G + g) * D + d] = A / L * gsig[g];
     }
     tl_mark(a.tl, 7);
     /* no block leaves while a partner may still read its shared memory: an

@@ -553,7 +553,6 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     a->splits = (int)splits;
     a->min_split_keys = cb->split_keys;
     a->pdl_early = cb->pdl_early;
-    a->merge_serial = cb->att_merge_serial;
     a->scale = sh->scale;
     /* the one-launch form (fuse) while the keys are few; a field of the
      * recorded command, so crossing the limit captures a new graph once */
@@ -1094,8 +1093,6 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     const int want = as ? atoi(as) : ATT_STEP_CLUSTER;
     cb->att_cluster = cb->fuse_on && want > 1 ? cu_attn_step_cluster(device, want) : 0;
     cb->att_step_keys = ak && atoll(ak) > 0 ? atoll(ak) : ATT_STEP_KEYS;
-    const char *am = getenv("SPARK_CUDA_ATT_MERGE"); /* =0: the one-launch attention's serial merge */
-    cb->att_merge_serial = am && !strcmp(am, "0");
     timeline_init(cb);
     CK(cu_kv_init()); /* the TurboQuant tables on this device */
     /* a coded cache's single-token stage: allocated here, never grown inside a step */

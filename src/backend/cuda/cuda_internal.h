@@ -113,7 +113,6 @@ typedef struct cu_attn_args {
     double theta;
     const float *rope_tab; /* step: cos / sin at *pos (cu_rope_table); NULL: computed */
     unsigned long long *tl; /* step: SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
-    int merge_serial;       /* step: the splits merged one thread an output (SPARK_CUDA_ATT_MERGE=0) */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
 
