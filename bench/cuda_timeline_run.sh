@@ -34,15 +34,20 @@ timeout 200 python3 bench/decode_check.py /tmp/m4b2 default timeline:SPARK_CUDA_
 stamp "36 layers: cuda_bench, then the same with the timeline"
 wait_model m4b 300
 IFS=';' read -r -a CONFIGS <<<"${TLSWEEP:-default:}"
+# bench_line MODEL ENV...: cuda_bench's decode / generate lines on one line (the full output to bench.log)
+bench_line() {
+    local model=$1
+    shift
+    env "$@" timeout 90 "$BIN/cuda_bench" "$model" --ctx 4096 --prefill 512 --decode 256 2>&1 |
+        tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -5 | tr '\n' ' '
+}
 for cfg in "${CONFIGS[@]}"; do
     label=${cfg%%:*}
     vars=$(echo "${cfg#*:}" | tr ',' ' ')
     for tl in off on; do
         tlv=""
         [ $tl = on ] && tlv="SPARK_CUDA_TIMELINE=$OUT/tl-$label.jsonl"
-        line=$(env $vars $tlv timeout 90 "$BIN/cuda_bench" /tmp/m4b --ctx 4096 --prefill 512 --decode 256 2>&1 |
-            tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -5 | tr '\n' ' ')
-        note "$label [${cfg#*:}] timeline $tl: $line"
+        note "$label [${cfg#*:}] timeline $tl: $(bench_line /tmp/m4b $vars $tlv)"
     done
     [ -s "$OUT/tl-$label.jsonl" ] && python3 bench/cuda_timeline.py "$OUT/tl-$label.jsonl" 2>&1 | tee -a "$SUMMARY"
 done
@@ -51,9 +56,7 @@ for fmt in ${QFMTS:-}; do
     stamp "36 layers in $fmt"
     timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
     for cfg in "${CONFIGS[@]}"; do
-        line=$(env $(echo "${cfg#*:}" | tr ',' ' ') timeout 90 "$BIN/cuda_bench" /tmp/m4b-$fmt.gguf --ctx 4096 --prefill 512 \
-            --decode 256 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -5 | tr '\n' ' ')
-        note "$fmt ${cfg%%:*} [${cfg#*:}]: $line"
+        note "$fmt ${cfg%%:*} [${cfg#*:}]: $(bench_line /tmp/m4b-$fmt.gguf $(echo "${cfg#*:}" | tr ',' ' '))"
     done
     rm -f /tmp/m4b-$fmt.gguf
 done
