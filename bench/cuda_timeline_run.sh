@@ -3,8 +3,9 @@
 # goes at its kernel boundaries (SPARK_CUDA_TIMELINE, bench/cuda_timeline.py),
 # with binaries built here and carried (bench/cuda_carry.sh).
 #
-#   BIN=.carry TLSWEEP="label:ENV=1,ENV2=2;..." bash bench/cuda_timeline_run.sh
+#   BIN=.carry TLSWEEP="label:ENV=1,ENV2=2;..." [L2PROBE="21 42"] bash bench/cuda_timeline_run.sh
 #
+# 0. with L2PROBE="MB ..." bench/l2_probe first (carried as $BIN/l2_probe);
 # 1. decode vs CPU on the 4-layer 4B shape (timeline off, then on: the
 #    marks must not change a logit);
 # 2. on the 36-layer 4B shape (bf16, ctx 4096, 512 prefilled, 256 decoded)
@@ -25,10 +26,14 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 start_models
 use_carried_bin
 probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+if [ -n "${L2PROBE:-}" ] && [ -x "$BIN/l2_probe" ]; then # (bench/l2_probe.cu: L2 prefetch ahead of a streaming read)
+    stamp "l2_probe $L2PROBE"
+    timeout 60 "$BIN/l2_probe" $L2PROBE 2>&1 | tee -a "$SUMMARY"
+fi
 
 stamp "check: 4B shape, 4 layers, decode vs CPU, timeline off and on"
 wait_model m4b2 120
-timeout 200 python3 bench/decode_check.py /tmp/m4b2 default timeline:SPARK_CUDA_TIMELINE=$OUT/tl-check.jsonl 2>&1 |
+timeout 200 python3 bench/decode_check.py /tmp/m4b2 default timeline:SPARK_CUDA_TIMELINE=$OUT/tl-check.jsonl ${CHECKX:-} 2>&1 |
     grep -v "^spark: CUDA" | tee -a "$SUMMARY"
 
 stamp "36 layers: cuda_bench, then the same with the timeline"
