@@ -115,6 +115,17 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
      * timeline of run 17: 10 us from a block's wait to its exit) */
     constexpr int QI = (AS_G * E * WARP + AS_WARPS * WARP - 1) / (AS_WARPS * WARP); /* q values a thread */
     const float graw = a.gate && threadIdx.x < G ? a.gate[kh * G + threadIdx.x] : 0.0f;
+    /* k_early: the owner's k[t], its rope partner and v[t] (thread t < D)
+     * loaded here with q, not after the q rope (run 17: the owner was the
+     * block the others waited for at the cluster barrier) */
+    float ke0 = 0.0f, ke1 = 0.0f, ve = 0.0f;
+    if (a.k_early && owner && threadIdx.x < D) {
+        const float *kq = qkv + q_dim + (int64_t)kh * D, *vq = kq + kv_dim;
+        const int t = threadIdx.x;
+        ke0 = kq[t];
+        if (t < 2 * half) ke1 = kq[t < half ? t + half : t - half];
+        ve = vq[t];
+    }
     float qa[QI], qb[QI], qc[QI], qsn[QI]; /* q[d], its rope partner, cos, sin */
 #pragma unroll
     for (int r = 0; r < QI; r++) {
@@ -143,7 +154,21 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
      * into shared memory, where the warp whose first tile holds p takes
      * them from (a reload from global memory made the owner the block the
      * others waited for at the cluster barrier: bench/cuda_runs.md run 17) */
-    if (owner) {
+    if (owner && a.k_early) {
+        const int64_t off = (p % a.slots) * kv_dim + (int64_t)kh * D;
+        const int t = threadIdx.x;
+        if (t < D) {
+            float y = ke0;
+            if (t < 2 * half) {
+                float c, s;
+                step_cos_sin(a, p, t < half ? t : t - half, half, &c, &s);
+                /* as below: y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s (x0 = k[u], x1 = k[u + half]) */
+                y = t < half ? ke0 * c - ke1 * s : ke0 * c + ke1 * s;
+            }
+            kc[off + t] = kcur[t] = y;
+            vc[off + t] = vcur[t] = ve;
+        }
+    } else if (owner) {
         float *kq = qkv + q_dim + (int64_t)kh * D;
         const float *vq = qkv + q_dim + kv_dim + (int64_t)kh * D;
         const int64_t off = (p % a.slots) * kv_dim + (int64_t)kh * D;
@@ -164,6 +189,8 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         }
     }
     __syncthreads(); /* qs and kcur / vcur complete; the store visible to this block */
+    if (owner && a.k_early && threadIdx.x < D) /* k roped in place (every k value was read above) */
+        qkv[q_dim + (int64_t)kh * D + threadIdx.x] = kcur[threadIdx.x];
     if (first_has_p)
 #pragma unroll
         for (int u = 0; u < AS_KT; u++)
@@ -347,11 +374,14 @@ int cu_attn_step_ok(const cu_attn_args *a)
 cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
     if (cluster < 2 || cluster > AS_CMAX || !cu_attn_step_ok(a)) return cudaErrorInvalidValue;
-    const int D = a->head_dim;
-    cudaError_t e = D <= 32 ? launch_step<1>(st, a, cluster)
-                    : D <= 64 ? launch_step<2>(st, a, cluster)
-                    : D <= 128 ? launch_step<4>(st, a, cluster)
-                               : launch_step<8>(st, a, cluster);
+    static const int k_early = getenv("SPARK_CUDA_ATT_KEARLY") ? atoi(getenv("SPARK_CUDA_ATT_KEARLY")) : 0;
+    cu_attn_args b = *a;
+    b.k_early = k_early;
+    const int D = b.head_dim;
+    cudaError_t e = D <= 32 ? launch_step<1>(st, &b, cluster)
+                    : D <= 64 ? launch_step<2>(st, &b, cluster)
+                    : D <= 128 ? launch_step<4>(st, &b, cluster)
+                               : launch_step<8>(st, &b, cluster);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
