@@ -16,8 +16,8 @@
  * GEMV before this kernel is still finishing.
  *
  * The block whose key range holds the current position ropes k, stores k
- * and v into the cache slot and reads them back after a block barrier; no
- * other block reads that slot (rings hold >= window slots, full layers the
+ * and v into the cache slot and keeps them in shared memory for its warp
+ * whose first tile holds that slot; no other block reads it (rings hold >= window slots, full layers the
  * whole context). Every buffer ends as rope_kv + attention + merge leave it
  * (q and k roped in place in qkv, the cache row, the gated output).
  * Shapes it takes: <= 4 query heads per KV head, head_dim <= 256; the
@@ -115,11 +115,12 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
      * timeline of run 17: 10 us from a block's wait to its exit) */
     constexpr int QI = (AS_G * E * WARP + AS_WARPS * WARP - 1) / (AS_WARPS * WARP); /* q values a thread */
     const float graw = a.gate && threadIdx.x < G ? a.gate[kh * G + threadIdx.x] : 0.0f;
-    /* k_early: the owner's k[t], its rope partner and v[t] (thread t < D)
-     * loaded here with q, not after the q rope (run 17: the owner was the
-     * block the others waited for at the cluster barrier) */
+    /* the owner's k[t], its rope partner and v[t] (thread t < D), loaded
+     * here with q rather than after the q rope: run 17 found the owner the
+     * block the others waited for at the cluster barrier, and issuing them
+     * here took that wait from 0.83 to 0.51 us (run 19) */
     float ke0 = 0.0f, ke1 = 0.0f, ve = 0.0f;
-    if (a.k_early && owner && threadIdx.x < D) {
+    if (owner && threadIdx.x < D) {
         const float *kq = qkv + q_dim + (int64_t)kh * D, *vq = kq + kv_dim;
         const int t = threadIdx.x;
         ke0 = kq[t];
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
      * into shared memory, where the warp whose first tile holds p takes
      * them from (a reload from global memory made the owner the block the
      * others waited for at the cluster barrier: bench/cuda_runs.md run 17) */
-    if (owner && a.k_early) {
+    if (owner) {
         const int64_t off = (p % a.slots) * kv_dim + (int64_t)kh * D;
         const int t = threadIdx.x;
         if (t < D) {
@@ -162,34 +163,15 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
             if (t < 2 * half) {
                 float c, s;
                 step_cos_sin(a, p, t < half ? t : t - half, half, &c, &s);
-                /* as below: y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s (x0 = k[u], x1 = k[u + half]) */
+                /* as rope_kv_kernel: y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s (x0 = k[u], x1 = k[u + half]) */
                 y = t < half ? ke0 * c - ke1 * s : ke0 * c + ke1 * s;
             }
             kc[off + t] = kcur[t] = y;
             vc[off + t] = vcur[t] = ve;
         }
-    } else if (owner) {
-        float *kq = qkv + q_dim + (int64_t)kh * D;
-        const float *vq = qkv + q_dim + kv_dim + (int64_t)kh * D;
-        const int64_t off = (p % a.slots) * kv_dim + (int64_t)kh * D;
-        for (int t = threadIdx.x; t < D; t += blockDim.x) {
-            if (t < half) {
-                float c, s;
-                step_cos_sin(a, p, t, half, &c, &s);
-                const float x0 = kq[t], x1 = kq[t + half];
-                const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
-                kc[off + t] = kcur[t] = y0;
-                kc[off + t + half] = kcur[t + half] = y1;
-                kq[t] = y0;
-                kq[t + half] = y1;
-            } else if (t >= 2 * half) {
-                kc[off + t] = kcur[t] = kq[t];
-            }
-            vc[off + t] = vcur[t] = vq[t];
-        }
     }
     __syncthreads(); /* qs and kcur / vcur complete; the store visible to this block */
-    if (owner && a.k_early && threadIdx.x < D) /* k roped in place (every k value was read above) */
+    if (owner && threadIdx.x < D) /* k roped in place (every k value was read above) */
         qkv[q_dim + (int64_t)kh * D + threadIdx.x] = kcur[threadIdx.x];
     if (first_has_p)
 #pragma unroll
@@ -374,14 +356,11 @@ int cu_attn_step_ok(const cu_attn_args *a)
 cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
     if (cluster < 2 || cluster > AS_CMAX || !cu_attn_step_ok(a)) return cudaErrorInvalidValue;
-    static const int k_early = getenv("SPARK_CUDA_ATT_KEARLY") ? atoi(getenv("SPARK_CUDA_ATT_KEARLY")) : 0;
-    cu_attn_args b = *a;
-    b.k_early = k_early;
-    const int D = b.head_dim;
-    cudaError_t e = D <= 32 ? launch_step<1>(st, &b, cluster)
-                    : D <= 64 ? launch_step<2>(st, &b, cluster)
-                    : D <= 128 ? launch_step<4>(st, &b, cluster)
-                               : launch_step<8>(st, &b, cluster);
+    const int D = a->head_dim;
+    cudaError_t e = D <= 32 ? launch_step<1>(st, a, cluster)
+                    : D <= 64 ? launch_step<2>(st, a, cluster)
+                    : D <= 128 ? launch_step<4>(st, a, cluster)
+                               : launch_step<8>(st, a, cluster);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }

@@ -11,7 +11,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 namespace spark_dev {
@@ -294,12 +293,6 @@ cudaError_t launch_cluster_ex(bool pdl, int cluster, dim3 grid, dim3 block, size
     }
     cfg.attrs = at;
     cfg.numAttrs = n;
-    /* SPARK_CUDA_CARVEOUT=PCT (an experiment, off by default): one preferred
-     * L1 / shared-memory split for every kernel launched here, so that no SM
-     * has to drain to change it between kernels (bench/cuda_runs.md run 19) */
-    static const int carveout = getenv("SPARK_CUDA_CARVEOUT") ? atoi(getenv("SPARK_CUDA_CARVEOUT")) : -1;
-    if (carveout >= 0 && cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, carveout) != cudaSuccess)
-        cudaGetLastError();
     return cudaLaunchKernelEx(&cfg, k, args...);
 }
 

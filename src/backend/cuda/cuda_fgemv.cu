@@ -382,10 +382,9 @@ template <bool PAIR>
 __device__ void l2_ahead(const cu_fgemv_args &a, int64_t groups, int64_t set_rows, int64_t R)
 {
     const int64_t grid = gridDim.x;
-    const int np = a.pf_partners > 0 ? a.pf_partners : 0; /* < 0: the regions only */
-    for (int k = 0; k <= np; k++) {
-        const int64_t b = (blockIdx.x + k * grid / (np + 1)) % grid;
-        for (int64_t g = b + (k == 0 ? grid : 0); a.pf_partners >= 0 && g < groups; g += grid)
+    for (int k = 0; k <= a.pf_partners; k++) {
+        const int64_t b = (blockIdx.x + k * grid / (a.pf_partners + 1)) % grid;
+        for (int64_t g = b + (k == 0 ? grid : 0); g < groups; g += grid)
             l2_pull_rows<PAIR>(a, g * set_rows, (g + 1) * set_rows < R ? (g + 1) * set_rows : R);
         for (int j = 0; j < 2; j++) {
             const int64_t per = (a.pf_bytes[j] / grid + 15) / 16 * 16, o = b * per;

@@ -153,30 +153,16 @@ void rope_tables(cuda_backend *cb)
 /* SPARK_CUDA_PF="MODE,PARTNERS,NEXT_MB" (an experiment, off by default;
  * bench/cuda_runs.md run 19): the GEMV after each attention pulls its own
  * matrix into L2 from the blocks resident before the attention ends, and
- * NEXT_MB of the following GEMV's first rows (cu_fgemv_args' pf_*).
- * SPARK_CUDA_PF_KV=MODE: the GEMV before a one-launch sliding attention
- * pulls that layer's f32 k / v ring into L2 for it. */
+ * NEXT_MB of the following GEMV's first rows (cu_fgemv_args' pf_*). The
+ * values are separated by '/' or ','. */
 void l2_ahead(cuda_backend *cb)
 {
-    static int mode = -1, partners, next_mb, kv_mode;
+    static int mode = -1, partners, next_mb;
     if (mode < 0) {
         const char *e = getenv("SPARK_CUDA_PF");
         mode = 0;
-        if (e && *e && sscanf(e, "%d,%d,%d", &mode, &partners, &next_mb) < 1) mode = 0;
+        if (e && *e && sscanf(e, "%d%*[/,]%d%*[/,]%d", &mode, &partners, &next_mb) < 1) mode = 0;
         if (mode < 0 || mode > 3) mode = 0;
-        e = getenv("SPARK_CUDA_PF_KV");
-        kv_mode = e && *e ? atoi(e) : 0;
-        if (kv_mode < 0 || kv_mode > 3) kv_mode = 0;
-    }
-    for (size_t i = 0; kv_mode && i + 1 < cb->nfq; i++) {
-        cmd *c = &cb->fq[i];
-        const cu_attn_args *at = &cb->fq[i + 1].attn;
-        if (c->op != OP_FGEMV || cb->fq[i + 1].op != OP_ATTN || !at->step || !at->window || c->fg.pf_mode) continue;
-        c->fg.pf_mode = kv_mode;
-        c->fg.pf_partners = -1;
-        c->fg.pf_w[0] = at->kc;
-        c->fg.pf_w[1] = at->vc;
-        c->fg.pf_bytes[0] = c->fg.pf_bytes[1] = at->slots * at->n_head_kv * at->head_dim * (int64_t)sizeof(float);
     }
     if (!mode) return;
     for (size_t i = 1; i < cb->nfq; i++) {

@@ -110,8 +110,6 @@ typedef struct cu_attn_args {
     int step_ok;       /* recorded: the context is short enough for it (cuda_attention) */
     int step;          /* fused: run by cu_attn_step, which also ropes q / k and stores k / v first */
     int rot_dims;      /* step: the rope of this layer class */
-    int k_early;       /* step: the owner's k / v loads issued with the q loads (SPARK_CUDA_ATT_KEARLY=1,
-                        * an experiment: bench/cuda_runs.md run 19) */
     double theta;
     const float *rope_tab; /* step: cos / sin at *pos (cu_rope_table); NULL: computed */
     unsigned long long *tl; /* step: SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
