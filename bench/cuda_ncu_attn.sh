@@ -26,5 +26,29 @@ note "ncu rc=$?: $(tail -2 "$OUT/ncu.log" | tr '\n' ' ')"
 ncu --import "$OUT/prof.ncu-rep" --page details --csv >"$OUT/details.csv" 2>&1
 ncu --import "$OUT/prof.ncu-rep" --page source --print-source sass --csv >"$OUT/sass.csv" 2>&1
 note "details $(wc -l <"$OUT/details.csv") lines, sass $(wc -l <"$OUT/sass.csv") lines"
+# the warps' stall samples by reason, per profiled kernel (is it waiting for
+# instructions, memory, barriers?), and the kernel's SASS size
+ncu --import "$OUT/prof.ncu-rep" --page raw --csv >"$OUT/raw.csv" 2>&1
+python3 - "$OUT/raw.csv" <<'PY' 2>&1 | tee -a "$SUMMARY"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = rows[0]
+cols = [i for i, h in enumerate(head) if h.startswith("smsp__pcsamp_warps_issue_stalled_") and not h.endswith("_not_issued")]
+for r in rows[2:]:
+    if len(r) != len(head):
+        continue
+    vals = []
+    for i in cols:
+        try:
+            vals.append((float(r[i].replace(",", "")), head[i][len("smsp__pcsamp_warps_issue_stalled_"):]))
+        except ValueError:
+            pass
+    tot = sum(v for v, _ in vals) or 1
+    top = sorted(vals, reverse=True)[:8]
+    print("stall samples:", ", ".join(f"{n} {100 * v / tot:.0f}%" for v, n in top), f"(total {tot:.0f})")
+PY
+command -v cuobjdump >/dev/null && cuobjdump -sass "$BIN/spark" 2>/dev/null |
+    awk '/Function :/{name=$3} /^ +\/\*[0-9a-f]+\*\//{c[name]++} END{for (n in c) print "sass instructions", c[n], n}' |
+    grep -E "attn_step|fgemv_kernelINS_8fmt_bf16ELi10ELi1ELb0ELb1EE" | head -8 | tee -a "$SUMMARY"
 grep -E '"(Duration|Elapsed Cycles|Achieved Occupancy|Registers Per Thread|Block Limit Registers|Theoretical Occupancy)"' "$OUT/details.csv" | cut -c1-200 | tee -a "$SUMMARY"
 stamp done

@@ -44,13 +44,20 @@ constexpr int AS_KT = 4; /* keys a warp scores together (as attention_kernel) */
 
 /* cos, sin of rope pair t at position p: from the step's table when there
  * is one, else computed (the same double operations as the table). */
+/* (out of line: the double-precision pow / cos / sin, inlined at each of its
+ * uses, made most of the kernel's code, executed only without a table) */
+__device__ __noinline__ void step_cos_sin_slow(int64_t p, int t, int half, double theta, float *c, float *s)
+{
+    rope_cos_sin(p, t, half, theta, c, s);
+}
+
 __device__ __forceinline__ void step_cos_sin(const cu_attn_args &a, int64_t p, int t, int half, float *c, float *s)
 {
     if (a.rope_tab) {
         *c = a.rope_tab[t];
         *s = a.rope_tab[half + t];
     } else {
-        rope_cos_sin(p, t, half, a.theta, c, s);
+        step_cos_sin_slow(p, t, half, a.theta, c, s);
     }
 }
 #endif
@@ -79,12 +86,13 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     __shared__ float kcur[E * WARP], vcur[E * WARP];
     /* skip_p: row p left as zeros (the first tile's load, before the owner's store) */
     auto load = [&](int64_t j0, float (&k)[AS_KT][E], float (&v)[AS_KT][E], bool skip_p) {
+        int64_t slot = j0 % a.slots; /* one 64-bit remainder a tile, the next keys' slots by a wrap */
 #pragma unroll
-        for (int u = 0; u < AS_KT; u++) {
+        for (int u = 0; u < AS_KT; u++, slot = slot + 1 == a.slots ? 0 : slot + 1) {
             const int64_t j = j0 + u;
             const float *kr = NULL, *vr = NULL;
             if (j < je && !(skip_p && j == p)) {
-                const int64_t off = (j % a.slots) * kv_dim + (int64_t)kh * D;
+                const int64_t off = slot * kv_dim + (int64_t)kh * D;
                 kr = kc + off;
                 vr = vc + off;
             }
