@@ -338,62 +338,6 @@ __device__ __forceinline__ void load_x16(const cu_fgemv_args &a, uint4 *xq, floa
     __syncthreads();
 }
 
-/* SPARK_CUDA_PF's pulls into L2 (cu_fgemv_args' pf_*): `bytes` from p, by
- * the block's threads; p 16-byte aligned and bytes a multiple of 16. */
-__device__ void l2_pull(const uint8_t *p, int64_t bytes, int mode)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (mode == 1) {
-        constexpr int64_t PIECE = 16384;
-        for (int64_t o = (int64_t)threadIdx.x * PIECE; o < bytes; o += (int64_t)blockDim.x * PIECE) {
-            const unsigned n = (unsigned)(bytes - o < PIECE ? bytes - o : PIECE);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(n) : "memory");
-        }
-        return;
-    }
-    for (int64_t o = (int64_t)threadIdx.x * 128; o < bytes; o += (int64_t)blockDim.x * 128) {
-        if (mode == 2) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p + o));
-        else asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-    }
-#endif
-}
-
-/* rows [r0, r1) of the launch's matrices (both of a pair), into L2 */
-template <bool PAIR>
-__device__ void l2_pull_rows(const cu_fgemv_args &a, int64_t r0, int64_t r1)
-{
-    const uint8_t *w0 = (const uint8_t *)a.w0, *w1 = (const uint8_t *)a.w1;
-    if (PAIR) {
-        l2_pull(w0 + r0 * a.row_bytes, (r1 - r0) * a.row_bytes, a.pf_mode);
-        l2_pull(w1 + r0 * a.row_bytes, (r1 - r0) * a.row_bytes, a.pf_mode);
-        return;
-    }
-    const int64_t m = r1 < a.rows0 ? r1 : a.rows0; /* [r0, m) in w0, [max(r0, rows0), r1) in w1 */
-    if (r0 < m) l2_pull(w0 + r0 * a.row_bytes, (m - r0) * a.row_bytes, a.pf_mode);
-    const int64_t s = r0 > a.rows0 ? r0 : a.rows0;
-    if (s < r1) l2_pull(w1 + (s - a.rows0) * a.row_bytes, (r1 - s) * a.row_bytes, a.pf_mode);
-}
-
-/* Before the wait: the groups of this block after its first and those of
- * pf_partners blocks spread over the grid (a block resident early does the
- * work of the late ones, whoever they are), and the same blocks' pieces of
- * the next launch's regions. */
-template <bool PAIR>
-__device__ void l2_ahead(const cu_fgemv_args &a, int64_t groups, int64_t set_rows, int64_t R)
-{
-    const int64_t grid = gridDim.x;
-    for (int k = 0; k <= a.pf_partners; k++) {
-        const int64_t b = (blockIdx.x + k * grid / (a.pf_partners + 1)) % grid;
-        for (int64_t g = b + (k == 0 ? grid : 0); g < groups; g += grid)
-            l2_pull_rows<PAIR>(a, g * set_rows, (g + 1) * set_rows < R ? (g + 1) * set_rows : R);
-        for (int j = 0; j < 2; j++) {
-            const int64_t per = (a.pf_bytes[j] / grid + 15) / 16 * 16, o = b * per;
-            if (a.pf_bytes[j] > o)
-                l2_pull((const uint8_t *)a.pf_w[j] + o, a.pf_bytes[j] - o < per ? a.pf_bytes[j] - o : per, a.pf_mode);
-        }
-    }
-}
-
 /* Work: "groups" of FG_WARPS / KS row sets; warp w of a block takes row set
  * w / KS of the group (RW consecutive rows, or a gate / up row pair when
  * PAIR) and the (w % KS)-th of KS equal unit segments, each lane NV units
@@ -406,9 +350,7 @@ __device__ void l2_ahead(const cu_fgemv_args &a, int64_t groups, int64_t set_row
  * the products and the next loads' latency would otherwise not overlap. */
 /* F::MINB: the launch bounds' minimum blocks an SM (0: none given, as
  * __launch_bounds__(FG_THREADS) alone; 1 would still change the code) */
-/* PF: with SPARK_CUDA_PF's pulls into L2 (bf16 single matrices only: its own
- * instantiations, so the default kernels' registers stay as they were) */
-template <typename F, int NV, int KS, bool PAIR, bool DB, bool PF = false>
+template <typename F, int NV, int KS, bool PAIR, bool DB>
 __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_args a)
 {
     constexpr int RW = F::RW_SINGLE > 1 && !PAIR ? F::RW_SINGLE : 1; /* rows a warp, single matrices */
@@ -449,7 +391,6 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
     int64_t g = blockIdx.x;
     tl_mark(a.tl, 0);
     load(g, v); /* weights only: before the wait */
-    if constexpr (PF) l2_ahead<PAIR>(a, groups, (int64_t)RPG * RW, R);
     pdl_wait();
     pdl_release();
     tl_mark(a.tl, 1);
@@ -640,21 +581,6 @@ fgemv_fn fg_pick_nv(int nvi)
     return NULL;
 }
 
-template <int KS>
-fgemv_fn fg_pick_pf(int nvi)
-{
-    switch (nvi) {
-    case 0: return fgemv_kernel<fmt_bf16, 1, KS, false, true, true>;
-    case 1: return fgemv_kernel<fmt_bf16, 2, KS, false, true, true>;
-    case 2: return fgemv_kernel<fmt_bf16, 4, KS, false, true, true>;
-    case 3: return fgemv_kernel<fmt_bf16, 5, KS, false, true, true>;
-    case 4: return fgemv_kernel<fmt_bf16, 8, KS, false, true, true>;
-    case 5: return fgemv_kernel<fmt_bf16, 10, KS, false, true, true>;
-    case 6: return fgemv_kernel<fmt_bf16, 16, KS, false, true, true>;
-    }
-    return NULL;
-}
-
 template <typename F, bool DB>
 fgemv_fn fg_pick_f(int ksi, int nvi, bool pair)
 {
@@ -668,16 +594,8 @@ fgemv_fn fg_pick_f(int ksi, int nvi, bool pair)
 
 /* x16: quantized rows against int16 x (only double-buffered kernels are
  * instantiated for it; single-buffered launches keep float x) */
-fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair, bool db, bool x16, bool pf = false)
+fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair, bool db, bool x16)
 {
-    if (pf && dtype == CU_BF16 && !pair && db) {
-        switch (ksi) {
-        case 0: return fg_pick_pf<1>(nvi);
-        case 1: return fg_pick_pf<2>(nvi);
-        case 2: return fg_pick_pf<4>(nvi);
-        default: return fg_pick_pf<8>(nvi);
-        }
-    }
     switch (dtype) {
     case CU_BF16: return db ? fg_pick_f<fmt_bf16, true>(ksi, nvi, pair) : fg_pick_f<fmt_bf16, false>(ksi, nvi, pair);
     case CU_Q8_0:
@@ -825,7 +743,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         while (nvi < nnv && fg_nv(a->dtype, nvi) < need) nvi++;
         if (nvi == nnv) continue;
         const int nv = fg_nv(a->dtype, nvi);
-        fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair, fg_db(), fg_x16(a->dtype), a->pf_mode != 0);
+        fgemv_fn fn = fg_pick(a->dtype, ksi, nvi, pair, fg_db(), fg_x16(a->dtype));
         int bmax = fg_occupancy(fn, smem);
         if (bmax > 8) bmax = 8;
         const int64_t set_rows = (int64_t)(FG_WARPS / ks) * rw;

@@ -150,40 +150,6 @@ void rope_tables(cuda_backend *cb)
     }
 }
 
-/* SPARK_CUDA_PF="MODE,PARTNERS,NEXT_MB" (an experiment, off by default;
- * bench/cuda_runs.md run 19): the GEMV after each attention pulls its own
- * matrix into L2 from the blocks resident before the attention ends, and
- * NEXT_MB of the following GEMV's first rows (cu_fgemv_args' pf_*). The
- * values are separated by '/' or ','. */
-void l2_ahead(cuda_backend *cb)
-{
-    static int mode = -1, partners, next_mb;
-    if (mode < 0) {
-        const char *e = getenv("SPARK_CUDA_PF");
-        mode = 0;
-        if (e && *e && sscanf(e, "%d%*[/,]%d%*[/,]%d", &mode, &partners, &next_mb) < 1) mode = 0;
-        if (mode < 0 || mode > 3) mode = 0;
-    }
-    if (!mode) return;
-    for (size_t i = 1; i < cb->nfq; i++) {
-        cmd *c = &cb->fq[i];
-        if (c->op != OP_FGEMV || cb->fq[i - 1].op != OP_ATTN) continue;
-        c->fg.pf_mode = mode;
-        c->fg.pf_partners = partners;
-        const cmd *nx = i + 1 < cb->nfq ? &cb->fq[i + 1] : NULL;
-        if (!nx || nx->op != OP_FGEMV || next_mb <= 0) continue;
-        const int64_t want = (int64_t)next_mb << 20, nw = nx->fg.pair ? 2 : 1;
-        int64_t rows = want / nw / nx->fg.row_bytes;
-        if (rows > nx->fg.rows0) rows = nx->fg.rows0;
-        c->fg.pf_w[0] = nx->fg.w0;
-        c->fg.pf_bytes[0] = rows * nx->fg.row_bytes;
-        if (nx->fg.pair) {
-            c->fg.pf_w[1] = nx->fg.w1;
-            c->fg.pf_bytes[1] = rows * nx->fg.row_bytes;
-        }
-    }
-}
-
 void fuse(cuda_backend *cb)
 {
     const cmd *q = cb->q;
@@ -310,7 +276,6 @@ void fuse(cuda_backend *cb)
     }
     fold_hooks(cb);
     rope_tables(cb);
-    l2_ahead(cb);
     cb->fused = (long)n - (long)cb->nfq;
 }
 

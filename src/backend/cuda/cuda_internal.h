@@ -170,14 +170,6 @@ typedef struct cu_fgemv_args {
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
     unsigned long long *tl;     /* SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
-    /* SPARK_CUDA_PF (an experiment, off by default; cuda_graph.cu's l2_ahead):
-     * before its dependency wait each block pulls into L2 its own later row
-     * groups and those of pf_partners other blocks, and its share of the
-     * regions pf_w / pf_bytes (the next launch's first rows); pf_mode 1 bulk
-     * prefetch, 2 per-line prefetch with evict_last, 3 per-line prefetch */
-    int pf_mode, pf_partners;
-    const void *pf_w[2];
-    int64_t pf_bytes[2];
 } cu_fgemv_args;
 
 /* SPARK_CUDA_TIMELINE's record of one launch (the tl fields above): block b's
