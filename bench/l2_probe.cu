@@ -125,6 +125,15 @@ int main(int argc, char **argv)
         std::sort(v.begin(), v.end());
         return (double)v[v.size() / 2];
     };
+    /* the read, then its end's time since e0 (recorded by the caller), us */
+    auto read_since_e0 = [&](size_t bytes) {
+        read_kernel<<<rgrid, 256, 0, s1>>>((const uint4 *)w, bytes / 16, sink);
+        CK(cudaEventRecord(e1, s1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        return ms * 1e3f;
+    };
     for (double mb : sizes) {
         const size_t bytes = (size_t)(mb * 1e6) / 16 * 16;
         double cold_us = 0;
@@ -136,12 +145,7 @@ int main(int argc, char **argv)
                 if (sc >= 2) prefetch_kernel<<<rgrid, 256, 0, s1>>>(w, bytes, sc - 1);
                 CK(cudaStreamSynchronize(s1));
                 CK(cudaEventRecord(e0, s1));
-                read_kernel<<<rgrid, 256, 0, s1>>>((const uint4 *)w, bytes / 16, sink);
-                CK(cudaEventRecord(e1, s1));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                t.push_back(ms * 1e3f);
+                t.push_back(read_since_e0(bytes));
             }
             const double us = median(t);
             if (sc == 0) cold_us = us;
@@ -163,12 +167,7 @@ int main(int argc, char **argv)
                     CK(cudaEventRecord(join, s2));
                     CK(cudaStreamWaitEvent(s1, join, 0));
                 }
-                read_kernel<<<rgrid, 256, 0, s1>>>((const uint4 *)w, bytes / 16, sink);
-                CK(cudaEventRecord(e1, s1));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                t.push_back(ms * 1e3f);
+                t.push_back(read_since_e0(bytes));
             }
             printf("%6.0f MB  overlap 10 us + read, prefetch %-9s  %7.2f us\n", mb,
                    mode ? NAMES[mode + 1] : "none", median(t));
