@@ -15,7 +15,8 @@
 #    cuda_bench per TLSWEEP configuration on it (timeline off);
 # 3. with TESTS=1 the GPU test files (test_cuda, test_cuda_hooks, test_bench,
 #    test_pick);
-# 4. a memcheck of spark-tiny's decode with the timeline on.
+# 4. a memcheck of spark-tiny's decode with the timeline on (and again under
+#    MEMCHECK_ENV="VAR=V,..." when given).
 set -u
 OUT=${OUT:-/tmp/cuda-timeline}
 BIN=${BIN:-.carry}
@@ -78,5 +79,11 @@ stamp "memcheck (spark-tiny decode, timeline on)"
 SPARK_CUDA_TIMELINE=$OUT/tl-tiny.jsonl timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$OUT/sanitizer.log" 2>&1
 note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1); timeline lines: $(wc -l <"$OUT/tl-tiny.jsonl" 2>/dev/null)"
+if [ -n "${MEMCHECK_ENV:-}" ]; then # the same under one more environment (VAR=V,VAR2=V2)
+    env $(echo "$MEMCHECK_ENV" | tr ',' ' ') timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        --print-limit 20 "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu \
+        --out /tmp/s.npy >"$OUT/sanitizer2.log" 2>&1
+    note "memcheck [$MEMCHECK_ENV]: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer2.log" | tail -1)"
+fi
 rm -f "$OUT/tl-check.jsonl" "$OUT/tl-tiny.jsonl" # (the device returns only a few files: keep the sweep's)
 stamp done
