@@ -18,7 +18,8 @@
  * the low indices: the block scheduler places them first), the others share
  * the remaining rows evenly; early = 0 splits evenly. bf16 single matrices
  * only (no fused norm, no second matrix), x held in registers: thread t
- * takes the 16-byte units t, t + 256, ... of every row.
+ * takes the 16-byte units t, t + 256, ... of every row. Timeline marks
+ * (SPARK_CUDA_TIMELINE): 3 x loaded, 4 the first chunk landed, 5 the last.
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_device.cuh"
@@ -96,8 +97,12 @@ __global__ void __launch_bounds__(ST_THREADS, 1) fgemv_stage_kernel(cu_fgemv_arg
         x[u][0] = i < units ? ((const float4 *)a.x)[2 * i] : z;
         x[u][1] = i < units ? ((const float4 *)a.x)[2 * i + 1] : z;
     }
+    if (a.tl) asm volatile("" ::"f"(x[0][0].x)); /* mark 3 waits for x (the asm needs its value) */
+    tl_mark(a.tl, 3);
     for (int c = 0; c < chunks; c++) {
         mbar_wait(&bar[c], 0);
+        if (c == 0) tl_mark(a.tl, 4);
+        if (c == chunks - 1) tl_mark(a.tl, 5);
         float acc[ST_CHUNK];
 #pragma unroll
         for (int q = 0; q < ST_CHUNK; q++) {
