@@ -39,16 +39,20 @@ __device__ __forceinline__ void fg_stamp(const cu_fgemv_args &a)
     }
 }
 
+/* the residual row h = resid[r] + a product, with the steering add when
+ * folded in (the same operations as steer_kernel) */
+__device__ __forceinline__ float fg_steer(const cu_fgemv_args &a, int64_t r, float h)
+{
+    return a.steer_dir ? __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])) : h;
+}
+
 /* row r (< rows0) of a single matrix: its output, and the residual add and
- * steering add when fused in */
+ * steering add when fused in (resid[r] read after out0[r] is written, as
+ * the kernels always did: reordering them changed register counts) */
 __device__ __forceinline__ void fg_store(const cu_fgemv_args &a, int64_t r, float acc)
 {
     a.out0[r] = acc;
-    if (a.resid) {
-        float h = a.resid[r] + acc;
-        if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
-        a.resid[r] = h;
-    }
+    if (a.resid) a.resid[r] = fg_steer(a, r, a.resid[r] + acc);
 }
 
 } // namespace spark_dev

@@ -58,11 +58,39 @@ __device__ __forceinline__ void st_rows_of(st_split sp, int64_t R, int b, int G,
     *r1 = hi < R ? hi : R;
 }
 
+/* one step of reduce_scatter32: of the current 2W rows v[0..2W), lanes with
+ * bit W keep rows [W, 2W), the others [0, W), each adding its partner's */
+template <int W>
+__device__ __forceinline__ void rs_step(float (&v)[WARP], int lane)
+{
+    const bool upper = lane & W;
+#pragma unroll
+    for (int i = 0; i < W; i++) {
+        const float send = upper ? v[i] : v[i + W], keep = upper ? v[i + W] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, W);
+    }
+}
+
+/* v[j] of every lane (j < 32, a partial sum of row j) -> the warp's sum of
+ * row `lane` in v[0]: a reduce-scatter of 31 shuffles, where one warp_sum a
+ * row would take 160 */
+__device__ __forceinline__ float reduce_scatter32(float (&v)[WARP], int lane)
+{
+    rs_step<16>(v, lane);
+    rs_step<8>(v, lane);
+    rs_step<4>(v, lane);
+    rs_step<2>(v, lane);
+    rs_step<1>(v, lane);
+    return v[0];
+}
+
 template <int NU>
 __global__ void __launch_bounds__(ST_THREADS, 1) fgemv_stage_kernel(cu_fgemv_args a, st_split sp)
 {
+    static_assert(ST_MAX_ROWS == WARP, "a lane holds one row's sum after reduce_scatter32");
+    constexpr int MAXC = ST_MAX_ROWS / ST_CHUNK;
     extern __shared__ __align__(128) uint8_t st_w[]; /* the block's rows, as stored */
-    __shared__ uint64_t bar[ST_MAX_ROWS / ST_CHUNK];
+    __shared__ uint64_t bar[MAXC];
     __shared__ float red[ST_WARPS][ST_MAX_ROWS];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int64_t r0, r1;
@@ -71,16 +99,14 @@ __global__ void __launch_bounds__(ST_THREADS, 1) fgemv_stage_kernel(cu_fgemv_arg
     const int64_t rb = a.row_bytes;
 
     tl_mark(a.tl, 0);
-    if (threadIdx.x == 0) { /* weights only: before the wait */
-        for (int c = 0; c < chunks; c++) mbar_init(&bar[c], 1);
+    if (threadIdx.x < chunks) { /* weights only, before the wait: lane c issues chunk c */
+        const int c = threadIdx.x;
+        const int rows = n - c * ST_CHUNK < ST_CHUNK ? n - c * ST_CHUNK : ST_CHUNK;
+        const uint32_t bytes = (uint32_t)(rows * rb);
+        mbar_init(&bar[c], 1);
         mbar_fence_init();
-        const uint8_t *src = (const uint8_t *)a.w0 + r0 * rb;
-        for (int c = 0; c < chunks; c++) {
-            const int rows = n - c * ST_CHUNK < ST_CHUNK ? n - c * ST_CHUNK : ST_CHUNK;
-            const uint32_t bytes = (uint32_t)(rows * rb);
-            mbar_expect(&bar[c], bytes);
-            bulk_load(st_w + c * ST_CHUNK * rb, src + c * ST_CHUNK * rb, bytes, &bar[c]);
-        }
+        mbar_expect(&bar[c], bytes);
+        bulk_load(st_w + c * ST_CHUNK * rb, (const uint8_t *)a.w0 + (r0 + c * ST_CHUNK) * rb, bytes, &bar[c]);
     }
     __syncthreads(); /* the barriers are initialised before anyone waits on them */
     pdl_wait();
@@ -97,38 +123,43 @@ __global__ void __launch_bounds__(ST_THREADS, 1) fgemv_stage_kernel(cu_fgemv_arg
         x[u][0] = i < units ? ((const float4 *)a.x)[2 * i] : z;
         x[u][1] = i < units ? ((const float4 *)a.x)[2 * i + 1] : z;
     }
+    /* the residual row this thread will write, loaded now rather than after the products */
+    const bool writer = threadIdx.x < n;
+    const float h_old = writer && a.resid ? a.resid[r0 + threadIdx.x] : 0.0f;
     if (a.tl) asm volatile("" ::"f"(x[0][0].x)); /* mark 3 waits for x (the asm needs its value) */
     tl_mark(a.tl, 3);
-    for (int c = 0; c < chunks; c++) {
-        mbar_wait(&bar[c], 0);
-        if (c == 0) tl_mark(a.tl, 4);
-        if (c == chunks - 1) tl_mark(a.tl, 5);
-        float acc[ST_CHUNK];
+    float acc[ST_MAX_ROWS];
 #pragma unroll
-        for (int q = 0; q < ST_CHUNK; q++) {
-            acc[q] = 0.0f;
-            const int j = c * ST_CHUNK + q;
-            if (j < n) {
-                const uint4 *row = (const uint4 *)(st_w + j * rb);
+    for (int j = 0; j < ST_MAX_ROWS; j++) acc[j] = 0.0f;
 #pragma unroll
-                for (int u = 0; u < NU; u++) {
-                    const int i = threadIdx.x + u * ST_THREADS;
-                    if (i < units) acc[q] = bf16x8_fma(row[i], x[u][0], x[u][1], acc[q]);
+    for (int c = 0; c < MAXC; c++) { /* unrolled: acc is indexed by constants only (registers) */
+        if (c < chunks) {
+            mbar_wait(&bar[c], 0);
+            if (c == 0) tl_mark(a.tl, 4);
+            if (c == chunks - 1) tl_mark(a.tl, 5);
+#pragma unroll
+            for (int q = 0; q < ST_CHUNK; q++) {
+                const int j = c * ST_CHUNK + q;
+                if (j < n) {
+                    const uint4 *row = (const uint4 *)(st_w + j * rb);
+#pragma unroll
+                    for (int u = 0; u < NU; u++) {
+                        const int i = threadIdx.x + u * ST_THREADS;
+                        if (i < units) acc[j] = bf16x8_fma(row[i], x[u][0], x[u][1], acc[j]);
+                    }
                 }
             }
         }
-#pragma unroll
-        for (int q = 0; q < ST_CHUNK; q++) {
-            const float s = warp_sum(acc[q]);
-            if (lane == 0) red[warp][c * ST_CHUNK + q] = s;
-        }
     }
+    red[warp][lane] = reduce_scatter32(acc, lane);
     __syncthreads();
-    if (threadIdx.x < n) {
+    if (writer) {
         float s = 0.0f;
 #pragma unroll
         for (int w = 0; w < ST_WARPS; w++) s += red[w][threadIdx.x];
-        fg_store(a, r0 + threadIdx.x, s);
+        const int64_t r = r0 + threadIdx.x;
+        a.out0[r] = s;
+        if (a.resid) a.resid[r] = fg_steer(a, r, h_old + s);
     }
     tl_mark(a.tl, 2);
 }
