@@ -178,28 +178,30 @@ stage_fn st_pick(int nu)
     return NULL;
 }
 
+/* a non-negative integer setting, read from the environment once (0 when unset) */
+int st_env(const char *name, int *cache)
+{
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        const int v = e && *e ? atoi(e) : 0;
+        *cache = v > 0 ? v : 0;
+    }
+    return *cache;
+}
+
 /* SPARK_CUDA_STAGE: 0 off (the default until measured), 1 the GEMV right
  * after an attention (fuse() marks it), 2 every GEMV that qualifies (tests) */
 int st_mode()
 {
     static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("SPARK_CUDA_STAGE");
-        mode = e && *e ? atoi(e) : 0;
-    }
-    return mode;
+    return st_env("SPARK_CUDA_STAGE", &mode);
 }
 
 /* SPARK_CUDA_STAGE_EARLY: blocks given the largest share (0: an even split) */
 int st_early_env()
 {
     static int early = -1;
-    if (early < 0) {
-        const char *e = getenv("SPARK_CUDA_STAGE_EARLY");
-        early = e && *e ? atoi(e) : 0;
-        if (early < 0) early = 0;
-    }
-    return early;
+    return st_env("SPARK_CUDA_STAGE_EARLY", &early);
 }
 
 /* the most dynamic shared memory a block may have, less the kernel's static area */
