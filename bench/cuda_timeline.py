@@ -24,8 +24,7 @@ the one-launch attention also its phases, per block from its wait (marks 3-7
 of cuda_attn_step.cu; medians over blocks, then over launches): q / gate
 loads, rope and the owner's store; the key tiles; the warps' merge; the
 cluster barrier; the merge through distributed shared memory; the last
-cluster barrier. For a staged GEMV (SPARK_CUDA_STAGE) its early and late
-blocks' phases (staged_blocks).
+cluster barrier.
 """
 import argparse
 import json
@@ -51,25 +50,6 @@ def kind_of(r):
     if r["resid"]:
         return "out proj (+resid)"
     return "gemv"
-
-
-STAGE_PHASES = [("x", 1, 3), ("first", 3, 4), ("rest", 4, 5), ("tail", 5, 2)]
-
-
-def staged_blocks(d, b, pend):
-    """A staged GEMV (cuda_fgemv_stage.cu, marks 3-5): its blocks that entered
-    before the predecessor ended (early) and after (late), each group's
-    phases from the wait (x loaded, first chunk landed, last chunk landed,
-    exit) and when its last block exited, from the predecessor's end."""
-    for name, grp in (("early", [x for x in b if x[0] <= pend]), ("late", [x for x in b if x[0] > pend])):
-        if not grp:
-            continue
-        d[f"st_{name}_n"] = len(grp)
-        for ph, m0, m1 in STAGE_PHASES:
-            d[f"st_{name}_{ph}"] = statistics.median(x[m1] - x[m0] for x in grp) / 1e3
-        d[f"st_{name}_entry"] = statistics.median(x[0] - pend for x in grp) / 1e3
-        d[f"st_{name}_wait"] = statistics.median(x[1] - pend for x in grp) / 1e3
-        d[f"st_{name}_exit"] = (max(x[2] for x in grp) - pend) / 1e3
 
 
 def main():
@@ -111,8 +91,6 @@ def main():
             arrive = [x[5] - x[1] for x in b]
             d["skew_us"] = (max(arrive) - statistics.median(arrive)) / 1e3
             d["slowest_block"] = arrive.index(max(arrive))
-        if r["op"] == "fgemv" and prev is not None and len(b[0]) >= 6 and all(x[5] for x in b):
-            staged_blocks(d, b, prev["end"])
         per_kind.setdefault(k, []).append(d)
         if args.layers:
             print(f"{r['launch']:4d} {k:26s} " + " ".join(f"{n}={v:.3f}" if isinstance(v, float) else f"{n}={v}"
@@ -128,14 +106,6 @@ def main():
         print(f"{k:30s} {len(ds):4d} " + " ".join(vals))
     print(f"step: {len(rows)} launches, sum of spans {total:.1f} us (from the first launch's exit)")
     for k, ds in per_kind.items():
-        for name in ("early", "late"):
-            key = f"st_{name}_n"
-            if key in ds[0]:
-                med = lambda c: statistics.median(d[c] for d in ds if c in d)
-                print(f"{k} staged, {name} blocks ({med(key):.0f}; us from the predecessor's end): entry "
-                      f"{med(f'st_{name}_entry'):.3f}, wait {med(f'st_{name}_wait'):.3f}; from the wait: " +
-                      ", ".join(f"{ph} {med(f'st_{name}_{ph}'):.3f}" for ph, _, _ in STAGE_PHASES) +
-                      f"; the last exits at {med(f'st_{name}_exit'):.3f}")
         if "tiles_us" in ds[0]:
             print(f"{k} phases (us, per block from its wait): " +
                   ", ".join(f"{n[:-3]} {statistics.median(d[n] for d in ds):.3f}" for n, _, _ in PHASES) +

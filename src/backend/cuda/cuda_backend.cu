@@ -1074,7 +1074,6 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
         cu_fgemv_prepare(c->n_embd);
         cu_fgemv_prepare(c->n_ff);
         cu_fgemv_prepare((int64_t)c->n_head * c->head_dim);
-        cu_fgemv_stage_prepare();
     }
     CK(cudaMalloc((void **)&cb->d_pos, sizeof(int64_t)));
     CK(cudaMalloc((void **)&cb->pick_keys, CU_PICK_BLOCKS * sizeof *cb->pick_keys));

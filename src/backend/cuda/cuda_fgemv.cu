@@ -28,7 +28,6 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_device.cuh"
-#include "backend/cuda/cuda_fgemv.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -74,7 +73,17 @@ struct fmt_bf16 {
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0)}; }
     __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
     {
-        return bf16x8_fma(u.q, xs4[i], xs4[nvec + i], acc);
+        const uint4 w = u.q;
+        const float4 x0 = xs4[i], x1 = xs4[nvec + i];
+        acc = fmaf(__uint_as_float(w.x << 16), x0.x, acc);
+        acc = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, acc);
+        acc = fmaf(__uint_as_float(w.y << 16), x0.z, acc);
+        acc = fmaf(__uint_as_float(w.y & 0xffff0000u), x0.w, acc);
+        acc = fmaf(__uint_as_float(w.z << 16), x1.x, acc);
+        acc = fmaf(__uint_as_float(w.z & 0xffff0000u), x1.y, acc);
+        acc = fmaf(__uint_as_float(w.w << 16), x1.z, acc);
+        acc = fmaf(__uint_as_float(w.w & 0xffff0000u), x1.w, acc);
+        return acc;
     }
 };
 
@@ -385,7 +394,12 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
     pdl_wait();
     pdl_release();
     tl_mark(a.tl, 1);
-    fg_stamp(a);
+    if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (a.stamp_phase >= 0) a.stamps[1 + a.stamp_phase] += t - a.stamps[0];
+        a.stamps[0] = t;
+    }
 
     const float *xsum; /* float x: Q4_K's sums of x per unit; int16 x: xd, then xs */
     if constexpr (F::X16) {
@@ -478,7 +492,12 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
                     const int64_t r = row_of(g, q);
                     if (r >= R) break;
                     if (r < a.rows0) {
-                        fg_store(a, r, acc[q]);
+                        a.out0[r] = acc[q];
+                        if (a.resid) {
+                            float h = a.resid[r] + acc[q];
+                            if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
+                            a.resid[r] = h;
+                        }
                     } else {
                         a.out1[r - a.rows0] = acc[q];
                     }
@@ -703,8 +722,6 @@ double fg_x16_cost()
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
 {
     if (!cu_fgemv_ok(a->dtype, a->cols, a->row_bytes, a->w0, a->rows0 + a->rows1)) return cudaErrorInvalidValue;
-    cudaError_t staged;
-    if (cu_fgemv_stage(st, a, sms, pdl, &staged)) return staged;
     const bool pair = a->pair != 0;
     const int64_t R = pair ? a->rows0 : a->rows0 + a->rows1;
     int vals, nnv, rw;

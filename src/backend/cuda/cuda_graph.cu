@@ -210,7 +210,6 @@ void fuse(cuda_backend *cb)
             a->w0 = c->w;
             a->out0 = c->out;
             a->resid = q[i + 1].out;
-            a->stage = cb->nfq > 0 && cb->fq[cb->nfq - 1].op == OP_ATTN; /* the out projection */
             a->rows0 = c->rows;
             a->row_bytes = c->row_bytes;
             a->cols = (int)c->cols;

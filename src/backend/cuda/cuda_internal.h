@@ -170,7 +170,6 @@ typedef struct cu_fgemv_args {
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
     unsigned long long *tl;     /* SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
-    int stage;                  /* set by fuse() right after an attention: SPARK_CUDA_STAGE=1 stages it */
 } cu_fgemv_args;
 
 /* SPARK_CUDA_TIMELINE's record of one launch (the tl fields above): block b's
@@ -192,13 +191,6 @@ void cu_fgemv_tune(int fly_kb);
 void cu_fgemv_force(int ks, int b, int db);
 /* Look up the kernels' occupancy for rows of `cols` now, outside any graph capture. */
 void cu_fgemv_prepare(int64_t cols);
-/* The GEMV with each block's rows staged in shared memory before the
- * dependency wait (cuda_fgemv_stage.cu), when SPARK_CUDA_STAGE asks for it
- * and the launch qualifies: returns 1 and sets *err when it launched, 0 when
- * cu_fgemv should launch its own. _prepare sets its kernels' shared memory
- * limit outside any capture. */
-int cu_fgemv_stage(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl, cudaError_t *err);
-void cu_fgemv_stage_prepare(void);
 
 /* Rope on the q and k heads of one token's qkv row (position *pos), and its
  * k (rotated) and v rows stored into cache slot *pos % slots: the two rope
