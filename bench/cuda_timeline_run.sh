@@ -76,13 +76,17 @@ if [ "${TESTS:-0}" = 1 ]; then
 fi
 
 stamp "memcheck (spark-tiny decode, timeline on)"
-SPARK_CUDA_TIMELINE=$OUT/tl-tiny.jsonl timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-    "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$OUT/sanitizer.log" 2>&1
+# memcheck LOG VAR=V...: spark-tiny's decode under compute-sanitizer in that environment
+memcheck() {
+    local log=$1
+    shift
+    env "$@" timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+        "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$log" 2>&1
+}
+memcheck "$OUT/sanitizer.log" SPARK_CUDA_TIMELINE=$OUT/tl-tiny.jsonl
 note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1); timeline lines: $(wc -l <"$OUT/tl-tiny.jsonl" 2>/dev/null)"
 if [ -n "${MEMCHECK_ENV:-}" ]; then # the same under one more environment (VAR=V,VAR2=V2)
-    env $(echo "$MEMCHECK_ENV" | tr ',' ' ') timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        --print-limit 20 "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu \
-        --out /tmp/s.npy >"$OUT/sanitizer2.log" 2>&1
+    memcheck "$OUT/sanitizer2.log" $(echo "$MEMCHECK_ENV" | tr ',' ' ')
     note "memcheck [$MEMCHECK_ENV]: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer2.log" | tail -1)"
 fi
 rm -f "$OUT/tl-check.jsonl" "$OUT/tl-tiny.jsonl" # (the device returns only a few files: keep the sweep's)
