@@ -25,7 +25,8 @@ nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude -o "$B
 rm -rf "$C"
 mkdir -p "$C"
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o "$B/l2_probe" bench/l2_probe.cu
-for f in spark cuda_bench cuda_gemv_bench l2_probe; do
+nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude -o "$B/flow_probe" bench/flow_probe.cu
+for f in spark cuda_bench cuda_gemv_bench l2_probe flow_probe; do
     strip -o "$C/$f" "$B/$f"
     xz -9e -T"$(nproc)" "$C/$f"
 done

@@ -1,0 +1,71 @@
+#!/bin/bash
+# cuda_mega_run.sh — one device call for the persistent decode step
+# (cuda_step.cu, SPARK_CUDA_MEGA) with binaries built here and carried
+# (bench/cuda_carry.sh): the streaming probe alone (bench/flow_probe.cu),
+# decode against the CPU on the 4-layer 4B shape per CHECKS variant, a sweep
+# of decode configurations on the 36-layer 4B shape (greedy generation with
+# the device pick, and decode with logits), optional tests, and memchecks of
+# the persistent kernel. Logs under $OUT; the summary is printed as it goes.
+#
+#   BIN=.carry SWEEP="label:VAR=V,...;..." CHECKS="name:VAR=V ..." [PROBE=1] [TESTS=0] \
+#       [CTX32K=label] [QUANT=0] bash bench/cuda_mega_run.sh
+set -u
+OUT=${OUT:-/tmp/cuda-mega}
+BIN=${BIN:-.carry}
+. "$(dirname "$0")/device_env.sh"
+BIN=$(readlink -f "$BIN")
+stamp "start on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+start_models
+use_carried_bin
+probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+if [ "${PROBE:-1}" = 1 ] && [ -x "$BIN/flow_probe" ]; then
+    stamp "flow_probe (36 layers of the 4B shape's matrices)"
+    timeout 120 "$BIN/flow_probe" 36 2>&1 | tee -a "$SUMMARY"
+fi
+
+stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
+wait_model m4b2 150
+timeout 240 python3 bench/decode_check.py /tmp/m4b2 ${CHECKS:-default mega:SPARK_CUDA_MEGA=1} 2>&1 | tee -a "$SUMMARY"
+
+stamp "decode sweep (36 layers, ctx 4096, 512 prefilled, 256 decoded)"
+wait_model m4b 300
+bench_line() { # label, model, extra cuda_bench args, env assignments...
+    local label=$1 model=$2 args=$3
+    shift 3
+    local line
+    line=$(env "$@" timeout 150 "$BIN/cuda_bench" "$model" $args 2>&1 | tee -a "$OUT/bench.log" |
+        grep -E "^(decode|generate|prefill)|rror|persistent step|  (gemv|attn|embed) " | head -12 | tr '\n' ' ')
+    note "$label [$*]: $line"
+}
+IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:;mega:SPARK_CUDA_MEGA=1}"
+for cfg in "${CONFIGS[@]}"; do
+    bench_line "${cfg%%:*}" /tmp/m4b "--ctx 4096 --prefill 512 --decode 256" $(echo "${cfg#*:}" | tr ',' ' ')
+done
+if [ -n "${CTX32K:-}" ]; then
+    for cfg in "${CONFIGS[@]}"; do
+        case ",${CTX32K}," in *",${cfg%%:*},"*) ;; *) continue ;; esac
+        bench_line "ctx 32k ${cfg%%:*}" /tmp/m4b "--ctx 33300 --prefill 32512 --decode 128" $(echo "${cfg#*:}" | tr ',' ' ')
+    done
+fi
+
+if [ "${TESTS:-0}" = 1 ]; then
+    stamp "tests (SPARK_CUDA_MEGA=${TEST_MEGA:-unset})"
+    env ${TEST_MEGA:+SPARK_CUDA_MEGA=$TEST_MEGA} PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q \
+        -p no:cacheprovider -rfEs tests/py/test_cuda.py tests/py/test_cuda_hooks.py tests/py/test_bench.py \
+        tests/py/test_pick.py >"$OUT/tests.log" 2>&1
+    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
+    grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+
+stamp "memcheck of the persistent step"
+memcheck() { # log, then the command
+    local log=$1
+    shift
+    SPARK_CUDA_MEGA=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 "$@" >"$OUT/$log" 2>&1
+    note "memcheck $log: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/$log" | tail -1)"
+}
+memcheck sanitizer-tiny.log "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy
+memcheck sanitizer-pick.log "$SPARK_BIN" run -m models/spark-tiny -p "And God said," -n 12 --temp 0 --gpu
+memcheck sanitizer-4b2.log "$SPARK_BIN" logits /tmp/m4b2 --ids 5,6,7,8,9,10,11,12,13,14,15,16 --all --mode decode --gpu --out /tmp/s.npy
+stamp done
