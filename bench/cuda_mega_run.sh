@@ -34,12 +34,16 @@ bench_line() { # label, model, extra cuda_bench args, env assignments...
     local label=$1 model=$2 args=$3
     shift 3
     local line
-    line=$(env "$@" timeout 150 "$BIN/cuda_bench" "$model" $args 2>&1 | tee -a "$OUT/bench.log" |
+    line=$(env "$@" timeout 100 "$BIN/cuda_bench" "$model" $args 2>&1 | tee -a "$OUT/bench.log" |
         grep -E "^(decode|generate|prefill)|rror|persistent step|  (gemv|attn|embed) " | head -12 | tr '\n' ' ')
     note "$label [$*]: $line"
 }
 IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:;mega:SPARK_CUDA_MEGA=1}"
+# a persistent step that failed its check (or hung in it) is not timed: a hang costs the call
+mega_ok=1
+grep -qE "check decode mega.*OK" "$SUMMARY" || { mega_ok=0; note "the persistent step failed its check: not timed"; }
 for cfg in "${CONFIGS[@]}"; do
+    case "$cfg" in *SPARK_CUDA_MEGA=1*) [ $mega_ok = 1 ] || continue ;; esac
     bench_line "${cfg%%:*}" /tmp/m4b "--ctx 4096 --prefill 512 --decode 256" $(echo "${cfg#*:}" | tr ',' ' ')
 done
 if [ -n "${CTX32K:-}" ]; then
@@ -47,6 +51,20 @@ if [ -n "${CTX32K:-}" ]; then
         case ",${CTX32K}," in *",${cfg%%:*},"*) ;; *) continue ;; esac
         bench_line "ctx 32k ${cfg%%:*}" /tmp/m4b "--ctx 33300 --prefill 32512 --decode 128" $(echo "${cfg#*:}" | tr ',' ' ')
     done
+fi
+
+if [ "${QUANT:-0}" = 1 ] && [ $mega_ok = 1 ]; then # Q8_0: the 4-layer check and the 36-layer sweep
+    stamp "Q8_0: quantize, check, sweep"
+    timeout 60 "$SPARK_BIN" quantize /tmp/m4b2 /tmp/m4b2-q8.gguf --type q8_0 -q 2>&1 | tail -1
+    timeout 150 python3 bench/decode_check.py /tmp/m4b2-q8.gguf default mega:SPARK_CUDA_MEGA=1 2>&1 | sed 's/^/q8_0 /' | tee -a "$SUMMARY"
+    if grep -qE "q8_0 check decode mega.*OK" "$SUMMARY"; then
+        timeout 200 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-q8.gguf --type q8_0 -q 2>&1 | tail -1
+        IFS=';' read -r -a QC <<<"${QSWEEP:-default:;mega:SPARK_CUDA_MEGA=1}"
+        for cfg in "${QC[@]}"; do
+            bench_line "q8_0 ${cfg%%:*}" /tmp/m4b-q8.gguf "--ctx 4096 --prefill 512 --decode 256" $(echo "${cfg#*:}" | tr ',' ' ')
+        done
+        rm -f /tmp/m4b-q8.gguf
+    fi
 fi
 
 if [ "${TESTS:-0}" = 1 ]; then
@@ -58,6 +76,7 @@ if [ "${TESTS:-0}" = 1 ]; then
     grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
 fi
 
+[ $mega_ok = 1 ] || { stamp done; exit 0; }
 stamp "memcheck of the persistent step"
 memcheck() { # log, then the command
     local log=$1

@@ -38,6 +38,7 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_fmt.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -176,27 +177,13 @@ __device__ void produce_all(const mk_params &P, char *ring, uint64_t *full, uint
 
 /* ---- GEMV phase ------------------------------------------------------------------- */
 
-/* acc += 8 bf16 weights (w) . 8 floats (x0, x1) */
-__device__ __forceinline__ float dot8_bf16(uint4 w, float4 x0, float4 x1, float acc)
-{
-    acc = fmaf(__uint_as_float(w.x << 16), x0.x, acc);
-    acc = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, acc);
-    acc = fmaf(__uint_as_float(w.y << 16), x0.z, acc);
-    acc = fmaf(__uint_as_float(w.y & 0xffff0000u), x0.w, acc);
-    acc = fmaf(__uint_as_float(w.z << 16), x1.x, acc);
-    acc = fmaf(__uint_as_float(w.z & 0xffff0000u), x1.y, acc);
-    acc = fmaf(__uint_as_float(w.w << 16), x1.z, acc);
-    acc = fmaf(__uint_as_float(w.w & 0xffff0000u), x1.w, acc);
-    return acc;
-}
-
 /* x (RMS-normalised when a.nw; block 0 also writes it to a.xn) into shared
- * memory by 8-value units, transposed: float4 k of unit i at xs4[k * nvec
- * + i], so lanes reading consecutive units hit consecutive banks. x was
- * written by other blocks in this launch: read through L2. */
+ * memory by units of VPU float4s, transposed (cuda_fmt.cuh). x was written
+ * by other blocks in this launch: read through L2. */
+template <int VPU>
 __device__ void load_x(const cu_fgemv_args &a, float4 *xs4, float *red)
 {
-    const int c4 = a.cols / 4, nvec = a.cols / 8;
+    const int c4 = a.cols / 4, nvec = c4 / VPU;
     const float4 *x4 = (const float4 *)a.x;
     float ss = 0.0f; /* (the same float operations as load_norm_x: the graph path's numbers) */
     for (int j = threadIdx.x; j < c4; j += MK_CT) {
@@ -205,7 +192,7 @@ __device__ void load_x(const cu_fgemv_args &a, float4 *xs4, float *red)
         ss = fmaf(t.y, t.y, ss);
         ss = fmaf(t.z, t.z, ss);
         ss = fmaf(t.w, t.w, ss);
-        xs4[(j & 1) * nvec + j / 2] = t;
+        xs4[(j % VPU) * nvec + j / VPU] = t;
     }
     if (a.nw) {
         ss = warp_sum(ss);
@@ -217,90 +204,135 @@ __device__ void load_x(const cu_fgemv_args &a, float4 *xs4, float *red)
         const float4 *nw4 = (const float4 *)a.nw;
         float4 *xn4 = blockIdx.x == 0 && a.xn ? (float4 *)a.xn : NULL;
         for (int j = threadIdx.x; j < c4; j += MK_CT) {
-            float4 t = xs4[(j & 1) * nvec + j / 2];
+            float4 t = xs4[(j % VPU) * nvec + j / VPU];
             const float4 w = __ldg(nw4 + j);
             t.x = t.x * inv * w.x;
             t.y = t.y * inv * w.y;
             t.z = t.z * inv * w.z;
             t.w = t.w * inv * w.w;
-            xs4[(j & 1) * nvec + j / 2] = t;
+            xs4[(j % VPU) * nvec + j / VPU] = t;
             if (xn4) xn4[j] = t;
         }
     }
     cons_sync();
 }
 
-/* One GEMV phase: this block's chunks in order. Warp w takes row w / ks of
- * a chunk and the (w % ks)-th of ks unit segments; rows of ks > 1 meet in
- * `part` (double-buffered by chunk). */
+/* Rows a warp multiplies together in a single matrix (so each x value it
+ * reads serves all of them): the format's, as fgemv. A gate / up pair is
+ * always one row of each. */
+template <typename F>
+__host__ __device__ constexpr int mk_rw(bool pair)
+{
+    return pair ? 2 : F::RW_SINGLE;
+}
+
+/* One GEMV phase: this block's chunks in order. A chunk holds rpc rows (row
+ * pairs when a.pair: rpc gate rows, then rpc up rows); warp w takes row set
+ * w / ks (RW consecutive rows, or one pair) and the (w % ks)-th of ks unit
+ * segments; row sets of ks > 1 meet in `part` (double-buffered by chunk). */
+template <typename F, bool PAIR>
 __device__ void run_gemv(const mk_params &P, const cu_mk_phase &p, uint32_t &seq, const char *ring,
                          uint64_t *full, uint64_t *empty, float4 *xs4, float (*part)[MK_CW][2], float *red)
 {
+    constexpr int NR = mk_rw<F>(PAIR); /* rows a warp */
+    constexpr int RW = PAIR ? 1 : NR;  /* consecutive rows of the chunk a warp (pairs: 1 of each matrix) */
     const cu_fgemv_args a = p.fg; /* by value: the asm memory clobbers would reload fields */
-    load_x(a, xs4, red);
+    load_x<F::VALS / 4>(a, xs4, red);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int ks = p.ks, rl = warp / ks, sg = warp % ks;
-    const int nvec = a.cols / 8;
+    const int ks = p.ks, rs = warp / ks, sg = warp % ks;
+    const int nvec = a.cols / F::VALS;
     const int u0 = nvec * sg / ks, u1 = nvec * (sg + 1) / ks;
     const int64_t R = rows_of(a), nch = chunks_of(p);
+    const float *xsum = NULL; /* (Q4_K's float path is not taken here) */
     for (int64_t c = blockIdx.x; c < nch; c += gridDim.x, seq++) {
         const int s = (int)(seq % (uint32_t)P.slots);
         const int64_t r0 = c * p.rpc;
         const int nr = (int)(R - r0 < p.rpc ? R - r0 : p.rpc);
         mbar_wait(&full[s], (seq / (uint32_t)P.slots) & 1u);
-        const uint4 *slot = (const uint4 *)(ring + (size_t)s * P.slot_bytes);
-        float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
-        if (rl < nr) {
-            const uint4 *wr = slot + (size_t)rl * nvec, *wu = slot + (size_t)(nr + rl) * nvec;
+        const uint8_t *slot = (const uint8_t *)(ring + (size_t)s * P.slot_bytes);
+        const uint8_t *row[NR];
+        bool ok[NR];
+#pragma unroll
+        for (int q = 0; q < NR; q++) {
+            const int r = PAIR ? rs + q * nr : rs * RW + q; /* the row's place in the slot */
+            ok[q] = PAIR ? rs < nr : rs * RW + q < nr;
+            row[q] = slot + (size_t)r * a.row_bytes;
+        }
+        float acc[NR][2];
+#pragma unroll
+        for (int q = 0; q < NR; q++) acc[q][0] = acc[q][1] = 0.0f;
+        if (ok[0]) {
             int u = u0 + lane;
-            for (; u + WARP < u1; u += 2 * WARP) { /* two chains */
-                const float4 xa = xs4[u], xb = xs4[nvec + u], xc = xs4[u + WARP], xd = xs4[nvec + u + WARP];
-                a0 = dot8_bf16(wr[u], xa, xb, a0);
-                a1 = dot8_bf16(wr[u + WARP], xc, xd, a1);
-                if (a.pair) {
-                    b0 = dot8_bf16(wu[u], xa, xb, b0);
-                    b1 = dot8_bf16(wu[u + WARP], xc, xd, b1);
+            for (; u + WARP < u1; u += 2 * WARP) { /* two chains a row */
+#pragma unroll
+                for (int q = 0; q < NR; q++) {
+                    if (!ok[q]) continue;
+                    acc[q][0] = F::dot(F::load_shared(row[q], u, a.cols), xs4, xsum, u, nvec, acc[q][0]);
+                    acc[q][1] = F::dot(F::load_shared(row[q], u + WARP, a.cols), xs4, xsum, u + WARP, nvec, acc[q][1]);
                 }
             }
             if (u < u1) {
-                const float4 xa = xs4[u], xb = xs4[nvec + u];
-                a0 = dot8_bf16(wr[u], xa, xb, a0);
-                if (a.pair) b0 = dot8_bf16(wu[u], xa, xb, b0);
+#pragma unroll
+                for (int q = 0; q < NR; q++)
+                    if (ok[q]) acc[q][0] = F::dot(F::load_shared(row[q], u, a.cols), xs4, xsum, u, nvec, acc[q][0]);
             }
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[s]); /* the slot may be refilled */
-        float sa = warp_sum(a0 + a1), sb = a.pair ? warp_sum(b0 + b1) : 0.0f;
-        int row_t = -1; /* the thread that finishes a row */
+        float sum[NR];
+#pragma unroll
+        for (int q = 0; q < NR; q++) sum[q] = warp_sum(acc[q][0] + acc[q][1]);
+        int set = -1; /* the row set this thread finishes */
         if (ks == 1) {
-            if (lane == 0 && rl < nr) row_t = rl;
+            if (lane == 0 && ok[0]) set = rs;
         } else {
             if (lane == 0) {
-                part[seq & 1][warp][0] = sa;
-                part[seq & 1][warp][1] = sb;
+#pragma unroll
+                for (int q = 0; q < NR; q++) part[seq & 1][warp][q] = sum[q];
             }
             cons_sync();
-            if ((int)threadIdx.x < nr) {
-                row_t = threadIdx.x;
-                sa = sb = 0.0f;
-                for (int k = 0; k < ks; k++) {
-                    sa += part[seq & 1][row_t * ks + k][0];
-                    sb += part[seq & 1][row_t * ks + k][1];
+            const int sets = MK_CW / ks;
+            if ((int)threadIdx.x < sets) {
+                set = threadIdx.x;
+#pragma unroll
+                for (int q = 0; q < NR; q++) {
+                    sum[q] = 0.0f;
+                    for (int k = 0; k < ks; k++) sum[q] += part[seq & 1][set * ks + k][q];
                 }
             }
         }
-        if (row_t >= 0) {
-            const int64_t row = r0 + row_t;
-            if (a.pair) {
-                a.out0[row] = gelu_erf(sa) * sb;
-                a.out1[row] = sb;
-            } else if (row < a.rows0) {
-                a.out0[row] = sa;
-                if (a.resid) a.resid[row] = __ldcg(a.resid + row) + sa;
-            } else {
-                a.out1[row - a.rows0] = sa;
+        if (set < 0) continue;
+        if constexpr (PAIR) {
+            if (set < nr) {
+                const int64_t r = r0 + set;
+                a.out0[r] = gelu_erf(sum[0]) * sum[1];
+                a.out1[r] = sum[1];
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < NR; q++) {
+                if (set * RW + q >= nr) break;
+                const int64_t r = r0 + set * RW + q;
+                if (r < a.rows0) {
+                    a.out0[r] = sum[q];
+                    if (a.resid) a.resid[r] = __ldcg(a.resid + r) + sum[q];
+                } else {
+                    a.out1[r - a.rows0] = sum[q];
+                }
             }
         }
+    }
+}
+
+__device__ void run_gemv_any(const mk_params &P, const cu_mk_phase &p, uint32_t &seq, const char *ring,
+                             uint64_t *full, uint64_t *empty, float4 *xs4, float (*part)[MK_CW][2], float *red)
+{
+    if (p.dtype == CU_Q8_0) {
+        if (p.fg.pair) run_gemv<fmt_q8_0, true>(P, p, seq, ring, full, empty, xs4, part, red);
+        else run_gemv<fmt_q8_0, false>(P, p, seq, ring, full, empty, xs4, part, red);
+    } else {
+        if (p.fg.pair) run_gemv<fmt_bf16, true>(P, p, seq, ring, full, empty, xs4, part, red);
+        else run_gemv<fmt_bf16, false>(P, p, seq, ring, full, empty, xs4, part, red);
     }
 }
 
@@ -550,7 +582,8 @@ __device__ void run_attn(const mk_params &P, const cu_mk_phase &p, int i, float 
 
 /* ---- the kernel ------------------------------------------------------------------- */
 
-__global__ void __launch_bounds__(MK_THREADS, 1) step_kernel(mk_params P)
+/* (a register cap, not launch bounds: with (MK_THREADS, 1) ptxas kept 168 and spilled the attention) */
+__global__ void __maxnreg__(208) step_kernel(mk_params P)
 {
     extern __shared__ __align__(128) char smem[];
     char *ring = smem;                                           /* slots x slot_bytes */
@@ -582,7 +615,7 @@ __global__ void __launch_bounds__(MK_THREADS, 1) step_kernel(mk_params P)
         } else {
             if (i > 0) wait_phase(P, i - 1);
             t1 = prof ? gtime() : 0;
-            if (p.kind == CU_MK_GEMV) run_gemv(P, p, seq, ring, full, empty, (float4 *)work, part, red);
+            if (p.kind == CU_MK_GEMV) run_gemv_any(P, p, seq, ring, full, empty, (float4 *)work, part, red);
             else run_embed(P, p);
             cons_sync(); /* this block's outputs are written */
             if (threadIdx.x == 0) signal_phase(P, i);
@@ -627,14 +660,18 @@ int cu_mega_supported(int device)
     return prop.major >= 9 && coop;
 }
 
-/* rows a chunk (a power of two <= the consumer warps, so ks = warps / rpc
- * warps share a row) that fit a slot */
-static int rows_per_chunk(const cu_fgemv_args &a, int slot_bytes)
+/* Rows a chunk (row pairs for a gate / up pair): the most that fit a slot
+ * with every warp busy, i.e. rows a warp (mk_rw) times a power of two up to
+ * the consumer warps; the warps a row set then share is ks. */
+static void chunk_shape(cu_mk_phase &p, int slot_bytes)
 {
-    const int64_t per_row = a.row_bytes * (a.pair ? 2 : 1);
-    int r = MK_CW;
-    while (r > 1 && r * per_row > slot_bytes) r /= 2;
-    return r;
+    const cu_fgemv_args &a = p.fg;
+    const int rw = a.pair ? 1 : (p.dtype == CU_Q8_0 ? mk_rw<fmt_q8_0>(false) : mk_rw<fmt_bf16>(false));
+    const int64_t set_bytes = a.row_bytes * (a.pair ? 2 : rw);
+    int sets = MK_CW;
+    while (sets > 1 && sets * set_bytes > slot_bytes) sets /= 2;
+    p.rpc = sets * rw;
+    p.ks = MK_CW / sets;
 }
 
 /* Check a phase and fill its launch fields; false: not taken. */
@@ -643,12 +680,14 @@ static bool take_phase(cu_mk_phase &p, int i, int slot_bytes, mk_params &P, size
 {
     if (p.kind == CU_MK_GEMV) {
         const cu_fgemv_args &a = p.fg;
-        if (a.stamps || a.steer_dir || p.dtype != CU_BF16 || a.cols % 8 || a.row_bytes != (int64_t)a.cols * 2 ||
-            a.row_bytes * (a.pair ? 2 : 1) > slot_bytes || (uintptr_t)a.w0 % 16 || (a.w1 && (uintptr_t)a.w1 % 16) ||
+        /* bf16, or Q8_0 in cu_repack_rows' layout (quants, then the scales) */
+        const bool bf16 = p.dtype == CU_BF16 && a.cols % 8 == 0 && a.row_bytes == (int64_t)a.cols * 2;
+        const bool q8 = p.dtype == CU_Q8_0 && a.cols % 32 == 0 && a.row_bytes == (int64_t)a.cols / 32 * 34;
+        if (a.stamps || a.steer_dir || !(bf16 || q8) || a.row_bytes % 16 || a.cols % 16 ||
+            a.row_bytes * 2 > slot_bytes || (uintptr_t)a.w0 % 16 || (a.w1 && (uintptr_t)a.w1 % 16) ||
             (uintptr_t)a.x % 16 || (a.nw && (uintptr_t)a.nw % 16) || (a.xn && (uintptr_t)a.xn % 16))
             return false;
-        p.rpc = rows_per_chunk(a, slot_bytes);
-        p.ks = MK_CW / p.rpc;
+        chunk_shape(p, slot_bytes);
         const size_t xb = (size_t)a.cols * sizeof(float);
         if (xb > *work) *work = xb;
         return true;
