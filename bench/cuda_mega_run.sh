@@ -8,7 +8,7 @@
 # the persistent kernel. Logs under $OUT; the summary is printed as it goes.
 #
 #   BIN=.carry SWEEP="label:VAR=V,...;..." CHECKS="name:VAR=V ..." [PROBE=1] [TESTS=0] \
-#       [CTX32K=label] [QUANT=0] bash bench/cuda_mega_run.sh
+#       [CTX32K=label] [QUANT=0] [TESTK=pytest -k expression] bash bench/cuda_mega_run.sh
 set -u
 OUT=${OUT:-/tmp/cuda-mega}
 BIN=${BIN:-.carry}
@@ -41,7 +41,8 @@ bench_line() { # label, model, extra cuda_bench args, env assignments...
 IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:;mega:SPARK_CUDA_MEGA=1}"
 # a persistent step that failed its check (or hung in it) is not timed: a hang costs the call
 mega_ok=1
-grep -qE "check decode mega.*OK" "$SUMMARY" || { mega_ok=0; note "the persistent step failed its check: not timed"; }
+grep -qE "check decode mega.*OK" "$SUMMARY" && grep -qE "persistent step kernel 1: [1-9]" "$SUMMARY" ||
+    { mega_ok=0; note "the persistent step failed its check or did not run: not timed"; }
 for cfg in "${CONFIGS[@]}"; do
     case "$cfg" in *SPARK_CUDA_MEGA=1*) [ $mega_ok = 1 ] || continue ;; esac
     bench_line "${cfg%%:*}" /tmp/m4b "--ctx 4096 --prefill 512 --decode 256" $(echo "${cfg#*:}" | tr ',' ' ')
@@ -57,7 +58,7 @@ if [ "${QUANT:-0}" = 1 ] && [ $mega_ok = 1 ]; then # Q8_0: the 4-layer check and
     stamp "Q8_0: quantize, check, sweep"
     timeout 60 "$SPARK_BIN" quantize /tmp/m4b2 /tmp/m4b2-q8.gguf --type q8_0 -q 2>&1 | tail -1
     timeout 150 python3 bench/decode_check.py /tmp/m4b2-q8.gguf default mega:SPARK_CUDA_MEGA=1 2>&1 | sed 's/^/q8_0 /' | tee -a "$SUMMARY"
-    if grep -qE "q8_0 check decode mega.*OK" "$SUMMARY"; then
+    if grep -qE "q8_0 check decode mega.*OK" "$SUMMARY" && grep -qE "q8_0 spark: .*persistent step kernel 1: [1-9]" "$SUMMARY"; then
         timeout 200 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-q8.gguf --type q8_0 -q 2>&1 | tail -1
         IFS=';' read -r -a QC <<<"${QSWEEP:-default:;mega:SPARK_CUDA_MEGA=1}"
         for cfg in "${QC[@]}"; do
@@ -71,7 +72,7 @@ if [ "${TESTS:-0}" = 1 ]; then
     stamp "tests (SPARK_CUDA_MEGA=${TEST_MEGA:-unset})"
     env ${TEST_MEGA:+SPARK_CUDA_MEGA=$TEST_MEGA} PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q \
         -p no:cacheprovider -rfEs tests/py/test_cuda.py tests/py/test_cuda_hooks.py tests/py/test_bench.py \
-        tests/py/test_pick.py >"$OUT/tests.log" 2>&1
+        tests/py/test_pick.py ${TESTK:+-k "$TESTK"} >"$OUT/tests.log" 2>&1
     tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
     grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
 fi

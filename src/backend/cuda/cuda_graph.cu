@@ -437,6 +437,7 @@ cu_mega *mega_build(cuda_backend *cb)
             i++;
         } else {
             ok = false;
+            if (cb->verbose) fprintf(stderr, "spark: persistent step not used: command %zu (op %d) is not one it runs\n", i, c->op);
         }
     }
     cu_mega *mk = ok ? cu_mega_create(ph, np, cb->sms, cb->d_pos, cb->ids) : NULL;

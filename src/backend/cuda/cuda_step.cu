@@ -724,9 +724,22 @@ static bool take_phase(cu_mk_phase &p, int i, int slot_bytes, mk_params &P, size
     return p.kind == CU_MK_EMBED && i == 0 && (p.dtype == CU_BF16 || p.dtype == CU_F16 || p.dtype == CU_F32);
 }
 
+/* SPARK_CUDA_VERBOSE: why the step is not taken (the graph path runs it instead) */
+static void refuse(const char *why, int phase, cudaError_t e)
+{
+    cudaGetLastError();
+    if (!getenv("SPARK_CUDA_VERBOSE")) return;
+    if (e != cudaSuccess) fprintf(stderr, "spark: persistent step not used: %s: %s\n", why, cudaGetErrorString(e));
+    else if (phase >= 0) fprintf(stderr, "spark: persistent step not used: phase %d: %s\n", phase, why);
+    else fprintf(stderr, "spark: persistent step not used: %s\n", why);
+}
+
 cu_mega *cu_mega_create(const cu_mk_phase *phases, int np, int sms, int64_t *d_pos, const int32_t *d_ids)
 {
-    if (np <= 0 || sms <= 0 || phases[0].kind != CU_MK_EMBED) return NULL; /* embed also makes the rope angles */
+    if (np <= 0 || sms <= 0 || phases[0].kind != CU_MK_EMBED) { /* embed also makes the rope angles */
+        refuse("the step does not start with the embedding", -1, cudaSuccess);
+        return NULL;
+    }
     cu_mk_phase *ph = (cu_mk_phase *)malloc((size_t)np * sizeof *ph);
     if (!ph) return NULL;
     memcpy(ph, phases, (size_t)np * sizeof *ph);
@@ -738,13 +751,19 @@ cu_mega *cu_mega_create(const cu_mk_phase *phases, int np, int sms, int64_t *d_p
     size_t work = 0;
     int max_heads = 0, max_kv = 0, max_d = 0;
     bool ok = true;
-    for (int i = 0; i < np && ok; i++) ok = take_phase(ph[i], i, P.slot_bytes, P, &work, &max_heads, &max_kv, &max_d, sms);
+    for (int i = 0; i < np && ok; i++) {
+        ok = take_phase(ph[i], i, P.slot_bytes, P, &work, &max_heads, &max_kv, &max_d, sms);
+        if (!ok) refuse(ph[i].kind == CU_MK_GEMV ? "a matrix it does not take (format, shape, alignment, instruments)"
+                        : ph[i].kind == CU_MK_ATTN ? "an attention it does not take" : "an unknown phase",
+                        i, cudaSuccess);
+    }
     work = (work + 127) / 128 * 128;
     int slots = (int)((MK_SMEM_LIMIT - 2048 - (int64_t)work) / P.slot_bytes);
     const int want = env_int("SPARK_CUDA_MEGA_SLOTS", MK_MAX_SLOTS);
     if (slots > want) slots = want;
     if (slots > MK_MAX_SLOTS) slots = MK_MAX_SLOTS;
     if (!ok || slots < 2) {
+        if (ok) refuse("no room for a ring of two slots", -1, cudaSuccess);
         free(ph);
         return NULL;
     }
@@ -762,10 +781,12 @@ cu_mega *cu_mega_create(const cu_mk_phase *phases, int np, int sms, int64_t *d_p
         return NULL;
     }
     char *mem = NULL;
-    if (cudaMalloc((void **)&mem, total) != cudaSuccess || cudaMemset(mem, 0, total) != cudaSuccess ||
-        cudaMalloc((void **)&mk->d_ph, (size_t)np * sizeof *ph) != cudaSuccess ||
-        cudaMemcpy(mk->d_ph, ph, (size_t)np * sizeof *ph, cudaMemcpyHostToDevice) != cudaSuccess) {
-        cudaGetLastError();
+    cudaError_t e = cudaMalloc((void **)&mem, total);
+    if (e == cudaSuccess) e = cudaMemset(mem, 0, total);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&mk->d_ph, (size_t)np * sizeof *ph);
+    if (e == cudaSuccess) e = cudaMemcpy(mk->d_ph, ph, (size_t)np * sizeof *ph, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        refuse("device memory", -1, e);
         if (mem) cudaFree(mem);
         if (mk->d_ph) cudaFree(mk->d_ph);
         free(mk);
@@ -790,15 +811,11 @@ cu_mega *cu_mega_create(const cu_mk_phase *phases, int np, int sms, int64_t *d_p
     mk->P = P;
     mk->smem = (size_t)slots * P.slot_bytes + work;
     mk->sms = sms;
-    if (cudaFuncSetAttribute(step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mk->smem) != cudaSuccess) {
-        cudaGetLastError();
-        cu_mega_destroy(mk);
-        return NULL;
-    }
+    e = cudaFuncSetAttribute(step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mk->smem);
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, step_kernel, MK_THREADS, mk->smem) != cudaSuccess ||
-        per_sm < 1) {
-        cudaGetLastError();
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, step_kernel, MK_THREADS, mk->smem);
+    if (e != cudaSuccess || per_sm < 1) {
+        refuse(e != cudaSuccess ? "the kernel's shared memory / occupancy" : "no block fits an SM", -1, e);
         cu_mega_destroy(mk);
         return NULL;
     }
