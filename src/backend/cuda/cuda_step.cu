@@ -582,8 +582,10 @@ __device__ void run_attn(const mk_params &P, const cu_mk_phase &p, int i, float 
 
 /* ---- the kernel ------------------------------------------------------------------- */
 
-/* (a register cap, not launch bounds: with (MK_THREADS, 1) ptxas kept 168 and spilled the attention) */
-__global__ void __maxnreg__(208) step_kernel(mk_params P)
+/* (168 registers: 9 warps put 3 on one of the SM's four 16K-register
+ * quarters; a cap of 208 left no block an SM, and the attention spills
+ * ~150 bytes at 168) */
+__global__ void __launch_bounds__(MK_THREADS, 1) step_kernel(mk_params P)
 {
     extern __shared__ __align__(128) char smem[];
     char *ring = smem;                                           /* slots x slot_bytes */
