@@ -1,6 +1,7 @@
 #!/bin/bash
 # cuda_mega_run.sh — one device call for the persistent decode step
-# (cuda_step.cu, SPARK_CUDA_MEGA) with binaries built here and carried
+# (cuda_step.cu, SPARK_CUDA_MEGA; bench/cuda_runs.md run 21: the dataflow
+# version of commit 3792729 still awaits its first run) with binaries built here and carried
 # (bench/cuda_carry.sh): the streaming probe alone (bench/flow_probe.cu),
 # decode against the CPU on the 4-layer 4B shape per CHECKS variant, a sweep
 # of decode configurations on the 36-layer 4B shape (greedy generation with

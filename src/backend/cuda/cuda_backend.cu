@@ -244,7 +244,6 @@ void cuda_destroy(backend *be)
     if (cb->exec) cudaGraphExecDestroy(cb->exec);
     cu_mega_destroy(cb->mk);
     free(cb->mq);
-    free(cb->mtail);
     free(cb->q);
     free(cb->gq);
     free(cb->fq);

@@ -392,20 +392,15 @@ bool capture(cuda_backend *cb)
 /* The fused step as the persistent kernel's phases: embed, then per layer
  * GEMV (norm + qkv + gate), ATTN (rope_kv + attention), GEMV (out + add),
  * GEMV (norm + gate/up pair), GEMV (down + add), then the head's GEMV.
- * Commands after the last GEMV (a greedy pick, an instrument on the logits)
- * run after the kernel as ordinary launches: cb->mtail. NULL when anything
- * before them is of another kind. */
+ * NULL when any command is of another kind. */
 cu_mega *mega_build(cuda_backend *cb)
 {
     fuse(cb);
     cu_mk_phase *ph = (cu_mk_phase *)calloc(cb->nfq ? cb->nfq : 1, sizeof *ph);
     if (!ph) return NULL;
-    size_t last = 0; /* one past the last GEMV / attention command */
-    for (size_t i = 0; i < cb->nfq; i++)
-        if (cb->fq[i].op == OP_FGEMV || cb->fq[i].op == OP_ATTN || cb->fq[i].op == OP_ROPEKV) last = i + 1;
     int np = 0;
     bool ok = true;
-    for (size_t i = 0; i < last && ok; i++) {
+    for (size_t i = 0; i < cb->nfq && ok; i++) {
         const cmd *c = &cb->fq[i];
         if (c->op == OP_ROPETAB) continue; /* the persistent kernel computes its angles itself */
         cu_mk_phase *p = &ph[np++];
@@ -437,18 +432,14 @@ cu_mega *mega_build(cuda_backend *cb)
             i++;
         } else {
             ok = false;
-            if (cb->verbose) fprintf(stderr, "spark: persistent step not used: command %zu (op %d) is not one it runs\n", i, c->op);
         }
     }
     cu_mega *mk = ok ? cu_mega_create(ph, np, cb->sms, cb->d_pos, cb->ids) : NULL;
     free(ph);
-    cb->nmtail = 0;
-    for (size_t i = last; mk && i < cb->nfq; i++)
-        push_cmd(&cb->mtail, &cb->nmtail, &cb->mtailcap, &cb->fq[i], "out of host memory for the step's commands");
     return mk;
 }
 
-/* The recorded step as one persistent-kernel launch (and its tail), if it takes it. */
+/* The recorded step as one persistent-kernel launch, if it takes it. */
 bool mega_run(cuda_backend *cb)
 {
     bool same = cb->mq_valid && cb->nmq == cb->nq && !memcmp(cb->mq, cb->q, cb->nq * sizeof *cb->q);
@@ -464,7 +455,6 @@ bool mega_run(cuda_backend *cb)
     }
     if (!cb->mk) return false;
     CK(cu_mega_launch(cb->mk, cb->st));
-    for (size_t i = 0; i < cb->nmtail; i++) run_cmd(cb, &cb->mtail[i]);
     cb->mega_runs++;
     return true;
 }

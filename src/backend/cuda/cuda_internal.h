@@ -230,15 +230,14 @@ cudaError_t cu_hook(cudaStream_t st, const cu_hook_args *a, int pdl);
 /* ---- the persistent decode step (cuda_step.cu, sm_90, SPARK_CUDA_MEGA) ----
  *
  * A fused single-token step as phases of one cooperative kernel (one block
- * per SM, each phase waiting for the one before through a counter, weight
- * rows streamed by the bulk copy engine across phase boundaries).
- * cu_mega_create checks every phase and returns NULL for anything it does
- * not take (the caller keeps its graph path); the position and token id are
- * read from d_pos / d_ids. */
+ * per SM, grid barriers between phases, weight rows streamed by the bulk
+ * copy engine across phase boundaries). cu_mega_create checks every phase
+ * and returns NULL for anything it does not take (the caller keeps its
+ * graph path); the position and token id are read from d_pos / d_ids. */
 enum { CU_MK_EMBED, CU_MK_GEMV, CU_MK_ATTN };
 typedef struct cu_mk_phase {
     int kind, dtype;
-    int rpc, ks, rope_class; /* filled by cu_mega_create */
+    int rpc, rope_class;     /* filled by cu_mega_create */
     int rot_dims;            /* ATTN: rope of q and k, then the k/v store, then attention */
     double theta;
     cu_fgemv_args fg;        /* GEMV (bf16) */

@@ -93,8 +93,6 @@ struct cuda_backend {
     cu_mega *mk;     /* built from mq (NULL: mq was refused, use the graph) */
     cmd *mq;
     size_t nmq;
-    cmd *mtail;      /* fused commands after the kernel's last phase, launched after it */
-    size_t nmtail, mtailcap;
     int mq_valid;
     long mega_runs;
     /* SPARK_CUDA_VERBOSE: the host's time per decode step, seconds summed over
