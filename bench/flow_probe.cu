@@ -26,6 +26,9 @@
  */
 #include "backend/cuda/cuda_device.cuh"
 
+#define PROBE_NAME "flow_probe"
+#include "probe_common.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -36,15 +39,6 @@
 #include <vector>
 
 using namespace spark_dev;
-
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "flow_probe: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);                \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 constexpr int CW = 8, CTHREADS = CW * WARP, THREADS = CTHREADS + WARP; /* 8 consumer warps + the producer */
 constexpr int MAX_SLOTS = 12;
@@ -80,13 +74,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar)
 }
 
 __device__ __forceinline__ void cons_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CTHREADS) : "memory"); }
-
-__device__ __forceinline__ unsigned long long gns()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc)
 {
@@ -145,19 +132,19 @@ __global__ void __launch_bounds__(THREADS, 1) flow_kernel(params P)
     uint32_t seq = 0;
     for (int i = 0; i < P.nops; i++) {
         const op &o = P.ops[i];
-        const unsigned long long t0 = blockIdx.x == 0 && threadIdx.x == 0 ? gns() : 0;
+        const unsigned long long t0 = blockIdx.x == 0 && threadIdx.x == 0 ? now_ns() : 0;
         if (P.deps && i > 0 && threadIdx.x == 0) {
             const unsigned need = P.ops[i - 1].kind == 1 ? (unsigned)P.ops[i - 1].stall_blocks : gridDim.x;
             while (ld_acq(&P.cnt[i - 1]) < need) {
             }
         }
-        if (blockIdx.x == 0 && threadIdx.x == 0) P.tw[i] += gns() - t0;
+        if (blockIdx.x == 0 && threadIdx.x == 0) P.tw[i] += now_ns() - t0;
         if (o.kind == 1) { /* the attention's stand-in */
             cons_sync();
             if ((int)blockIdx.x < o.stall_blocks) {
                 if (threadIdx.x == 0) {
-                    const unsigned long long e = gns() + (unsigned long long)o.stall_ns;
-                    while (gns() < e) {
+                    const unsigned long long e = now_ns() + (unsigned long long)o.stall_ns;
+                    while (now_ns() < e) {
                     }
                     __threadfence();
                     atomicAdd(&P.cnt[i], 1u);
@@ -230,23 +217,6 @@ __global__ void __launch_bounds__(THREADS, 1) flow_kernel(params P)
             if (threadIdx.x == 0) atomicAdd(&P.cnt[i], 1u);
         }
     }
-}
-
-/* the plain read probe: every thread 8 x 16-byte loads in flight */
-__global__ void read_kernel(const uint4 *w, size_t n16, unsigned *sink)
-{
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    unsigned acc = 0;
-    for (; i + 7 * stride < n16; i += 8 * stride) {
-        uint4 v[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = __ldcs(w + i + k * stride);
-#pragma unroll
-        for (int k = 0; k < 8; k++) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-    }
-    for (; i < n16; i += stride) acc ^= __ldcs(w + i).x;
-    if (acc == 0x12345678u) *sink = acc;
 }
 
 __global__ void fill_kernel(uint32_t *w, size_t n, uint32_t seed)
