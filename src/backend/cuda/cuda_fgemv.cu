@@ -497,7 +497,6 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
                             float h = a.resid[r] + acc[q];
                             if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
                             a.resid[r] = h;
-                            if (a.resid_copy) a.resid_copy[r] = h;
                         }
                     } else {
                         a.out1[r - a.rows0] = acc[q];
@@ -515,216 +514,6 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         g = gn;
     }
     tl_mark(a.tl, 2);
-}
-
-
-/* ---- a decode step's FFN in one launch (bf16): cu_ffn ------------------------ */
-/*
- * Why: the gate/up pair and the down projection are two launches with a
- * grid-wide wait between them (the down GEMV needs every GELU-mul output),
- * and the down GEMV streams below the pair (bench/cuda_runs.md run 17: 3.8
- * against 4.46 TB/s, ~0.75 us of release). Split over the intermediate rows
- * instead, the down projection needs no wait: block b computes the pair for
- * its rows [i0, i1) (whole chunks of 8), keeps their GELU-mul outputs in
- * shared memory, and multiplies them with the down matrix's columns
- * [i0, i1) (each row's slice 16-byte aligned, read as such), adding its
- * partial sums to the residual with float4 atomics. The residual's sum over
- * blocks is in arrival order, so not bitwise reproducible run to run; x is
- * the copy of the residual the out projection wrote (resid_copy), since
- * blocks add into resid while later ones still load x.
- */
-constexpr int FFN_DU = 5;   /* 16-byte units of a down row's slice, at most (40 intermediate rows a block) */
-constexpr int FFN_DQ = 8;   /* row quads a warp has in flight in the down part */
-
-template <int NV, int KS>
-__global__ void __launch_bounds__(FG_THREADS, 2) ffn_kernel(cu_fgemv_args a)
-{
-    constexpr int RPG = FG_WARPS / KS; /* row pairs a group */
-    extern __shared__ float4 xs4[];
-    __shared__ float part[2][FG_WARPS][2];
-    __shared__ float red[FG_WARPS];
-    __shared__ float4 act4[2 * FFN_DU]; /* the block's GELU-mul outputs */
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int seg = warp % KS, rl = warp / KS;
-    const int nvec = a.cols / 8;
-    const int seglen = (nvec + KS - 1) / KS;
-    const int s0 = seg * seglen, s1 = s0 + seglen < nvec ? s0 + seglen : nvec;
-    const int64_t nch = a.rows0 / 8;
-    const int64_t c0 = nch * blockIdx.x / gridDim.x, c1 = nch * (blockIdx.x + 1) / gridDim.x;
-    const int64_t i0 = 8 * c0;
-    const int nu = (int)(c1 - c0), groups = 8 * nu / RPG;
-    const uint8_t *w0 = (const uint8_t *)a.w0, *w1 = (const uint8_t *)a.w1;
-
-    uint4 v[2][NV], vn[2][NV];
-    auto load = [&](int gi, uint4 (&dst)[2][NV]) {
-        const int64_t r = i0 + (int64_t)gi * RPG + rl;
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-            const uint4 *p = (const uint4 *)((q ? w1 : w0) + r * a.row_bytes);
-#pragma unroll
-            for (int k = 0; k < NV; k++) {
-                const int i = s0 + lane + WARP * k;
-                dst[q][k] = i < s1 ? __ldcs(p + i) : make_uint4(0, 0, 0, 0);
-            }
-        }
-    };
-
-    tl_mark(a.tl, 0);
-    if (groups > 0) load(0, v); /* weights only: before the wait */
-    pdl_wait();
-    pdl_release();
-    tl_mark(a.tl, 1);
-    load_norm_x<FG_THREADS, false, 2>(a, xs4, red); /* x (RMS-normalised), by units (fmt_bf16's layout) */
-
-    int par = 0;
-    for (int gi = 0; gi < groups; gi++) {
-        if (gi + 1 < groups) load(gi + 1, vn); /* in flight during the products below */
-        float acc2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int i = s0 + lane + WARP * k, ix = i < s1 ? i : 0; /* past the segment: zero weights */
-#pragma unroll
-            for (int q = 0; q < 2; q++) acc2[q][k % 2] = fmt_bf16::dot({v[q][k]}, xs4, NULL, ix, nvec, acc2[q][k % 2]);
-        }
-        float acc[2] = {warp_sum(acc2[0][0] + acc2[0][1]), warp_sum(acc2[1][0] + acc2[1][1])};
-        bool mine = lane == 0;
-        if (KS > 1) {
-            if (lane == 0) {
-                part[par][warp][0] = acc[0];
-                part[par][warp][1] = acc[1];
-            }
-            __syncthreads(); /* the other buffer is rewritten only after the next group's barrier */
-            mine = mine && seg == 0;
-            if (mine)
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    float s = 0.0f;
-                    for (int j = 0; j < KS; j++) s += part[par][warp + j][q];
-                    acc[q] = s;
-                }
-            par ^= 1;
-        }
-        if (mine) { /* as the pair fgemv's epilogue */
-            const int j = gi * RPG + rl;
-            const float ga = acc[0], up = acc[1];
-            const float y = 0.5f * ga * (1.0f + erff(ga * 0.70710678118654752f)) * up; /* exact erf form */
-            a.out0[i0 + j] = y;
-            a.out1[i0 + j] = up;
-            ((float *)act4)[j] = y;
-        }
-#pragma unroll
-        for (int q = 0; q < 2; q++)
-#pragma unroll
-            for (int k = 0; k < NV; k++) v[q][k] = vn[q][k];
-    }
-    __syncthreads(); /* act4 complete */
-
-    /* the down part: lane l takes unit l % 8 of the slice (its 8 outputs
-     * held in registers) of row l / 8 of a quad of rows; a warp has FFN_DQ
-     * quads in flight; the quads' order starts at a block's own offset so
-     * the blocks' atomics do not all meet the same rows at once */
-    const int u = lane % 8, ro = lane / 8;
-    const bool uon = u < nu;
-    float av[8];
-    {
-        const float4 lo = uon ? act4[2 * u] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const float4 hi = uon ? act4[2 * u + 1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        av[0] = lo.x, av[1] = lo.y, av[2] = lo.z, av[3] = lo.w, av[4] = hi.x, av[5] = hi.y, av[6] = hi.z, av[7] = hi.w;
-    }
-    const int64_t nq = a.rows_d / 4, per_warp = (nq + FG_WARPS - 1) / FG_WARPS;
-    const int64_t rot = nq * blockIdx.x / gridDim.x;
-    const int batches = (int)((per_warp + FFN_DQ - 1) / FFN_DQ);
-    const uint8_t *wd = (const uint8_t *)a.wd + i0 * 2;
-    uint4 d[FFN_DQ], dn[FFN_DQ];
-    auto quad = [&](int b, int k) { /* the k-th quad of batch b, or -1 */
-        const int64_t m = (int64_t)b * FFN_DQ + k;
-        if (m >= per_warp || (int64_t)warp * per_warp + m >= nq) return (int64_t)-1;
-        const int64_t t = (int64_t)warp * per_warp + m + rot;
-        return t >= nq ? t - nq : t;
-    };
-    auto dload = [&](int b, uint4 (&dst)[FFN_DQ]) {
-#pragma unroll
-        for (int k = 0; k < FFN_DQ; k++) {
-            const int64_t qd = quad(b, k);
-            dst[k] = qd >= 0 && uon ? __ldcs((const uint4 *)(wd + (4 * qd + ro) * a.wd_row_bytes) + u)
-                                    : make_uint4(0, 0, 0, 0);
-        }
-    };
-    if (batches > 0) dload(0, d);
-    for (int b = 0; b < batches; b++) {
-        if (b + 1 < batches) dload(b + 1, dn);
-        float s[FFN_DQ];
-#pragma unroll
-        for (int k = 0; k < FFN_DQ; k++) {
-            const uint4 w = d[k];
-            float t = __uint_as_float(w.x << 16) * av[0];
-            t = fmaf(__uint_as_float(w.x & 0xffff0000u), av[1], t);
-            t = fmaf(__uint_as_float(w.y << 16), av[2], t);
-            t = fmaf(__uint_as_float(w.y & 0xffff0000u), av[3], t);
-            t = fmaf(__uint_as_float(w.z << 16), av[4], t);
-            t = fmaf(__uint_as_float(w.z & 0xffff0000u), av[5], t);
-            t = fmaf(__uint_as_float(w.w << 16), av[6], t);
-            s[k] = fmaf(__uint_as_float(w.w & 0xffff0000u), av[7], t);
-        }
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1)
-#pragma unroll
-            for (int k = 0; k < FFN_DQ; k++) s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
-#pragma unroll
-        for (int k = 0; k < FFN_DQ; k++) { /* lanes 0, 8, 16, 24 hold the quad's 4 rows */
-            const float r1 = __shfl_sync(0xffffffffu, s[k], 8), r2 = __shfl_sync(0xffffffffu, s[k], 16);
-            const float r3 = __shfl_sync(0xffffffffu, s[k], 24);
-            const int64_t qd = quad(b, k);
-            if (lane == 0 && qd >= 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                atomicAdd((float4 *)(a.resid + 4 * qd), make_float4(s[k], r1, r2, r3)); /* one vector reduction */
-#else
-                float *rp = a.resid + 4 * qd;
-                atomicAdd(rp, s[k]);
-                atomicAdd(rp + 1, r1);
-                atomicAdd(rp + 2, r2);
-                atomicAdd(rp + 3, r3);
-#endif
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < FFN_DQ; k++) d[k] = dn[k];
-    }
-    tl_mark(a.tl, 2);
-}
-
-typedef void (*ffn_fn)(cu_fgemv_args);
-
-template <int KS>
-ffn_fn ffn_pick_nv(int nv)
-{
-    switch (nv) {
-    case 1: return ffn_kernel<1, KS>;
-    case 2: return ffn_kernel<2, KS>;
-    case 3: return ffn_kernel<3, KS>;
-    case 4: return ffn_kernel<4, KS>;
-    case 5: return ffn_kernel<5, KS>;
-    }
-    return NULL;
-}
-
-/* the smallest split KS whose segments fit 5 units a lane (2 rows x 5 x 2
- * buffers of uint4 within two blocks an SM's registers); NULL if none */
-ffn_fn ffn_pick(int64_t cols, int *ks_out)
-{
-    const int64_t nvec = cols / 8;
-    for (int ks = 1; ks <= FG_WARPS; ks *= 2) {
-        const int64_t nv = ((nvec + ks - 1) / ks + WARP - 1) / WARP;
-        if (nv > 5) continue;
-        *ks_out = ks;
-        switch (ks) {
-        case 1: return ffn_pick_nv<1>((int)nv);
-        case 2: return ffn_pick_nv<2>((int)nv);
-        case 4: return ffn_pick_nv<4>((int)nv);
-        default: return ffn_pick_nv<8>((int)nv);
-        }
-    }
-    return NULL;
 }
 
 /* GPU layout of quantized rows (see the formats above), one thread per block. */
@@ -902,41 +691,6 @@ int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64
            rows < ((int64_t)1 << 31);
 }
 
-int cu_ffn_ok(const cu_fgemv_args *a)
-{
-    int ks = 0;
-    const bool a16 = ((uintptr_t)a->w0 | (uintptr_t)a->w1 | (uintptr_t)a->wd | (uintptr_t)a->resid | (uintptr_t)a->x) % 16 == 0;
-    return a->dtype == CU_BF16 && a->pair && a->wd && a->resid && a->nw && a->x != a->resid && a16 && a->cols > 0 &&
-           a->cols % 8 == 0 && a->row_bytes == (int64_t)a->cols * 2 && a->rows0 > 0 && a->rows0 % 8 == 0 &&
-           a->rows1 == a->rows0 && a->wd_row_bytes == a->rows0 * 2 && a->rows_d == a->cols && a->rows_d % 4 == 0 &&
-           fg_smem(CU_BF16, a->cols) <= 46 * 1024 && !a->steer_dir && !a->stamps && ffn_pick(a->cols, &ks);
-}
-
-/* Two blocks an SM where they fit, and enough blocks that none takes more
- * than FFN_DU chunks of 8 intermediate rows. */
-static cudaError_t cu_ffn(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
-{
-    int ks = 0;
-    ffn_fn fn = ffn_pick(a->cols, &ks);
-    const size_t smem = fg_smem(CU_BF16, a->cols);
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, FG_THREADS, smem) != cudaSuccess) {
-        cudaGetLastError();
-        b = 1;
-    }
-    const int64_t nch = a->rows0 / 8;
-    int64_t grid = (int64_t)sms * (b >= 2 ? 2 : 1);
-    if (grid * FFN_DU < nch) grid = (nch + FFN_DU - 1) / FFN_DU;
-    if (grid > nch) grid = nch;
-    static const int show = getenv("SPARK_CUDA_FG_SHOW") != NULL;
-    if (show)
-        fprintf(stderr, "ffn %lld x %d + down %lld: KS %d, %lld blocks (%d an SM fit)\n", (long long)a->rows0, a->cols,
-                (long long)a->rows_d, ks, (long long)grid, b);
-    cudaError_t e = launch_ex(pdl != 0, dim3((unsigned)grid), dim3(FG_THREADS), smem, st, fn, *a);
-    if (e != cudaSuccess) return e;
-    return cudaGetLastError();
-}
-
 void cu_fgemv_tune(int fly_kb) { fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 96e3; }
 
 void cu_fgemv_force(int ks, int b, int db)
@@ -967,7 +721,6 @@ double fg_x16_cost()
  * block's x preparation when that is the int16 rounding. */
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
 {
-    if (a->wd) return cu_ffn_ok(a) ? cu_ffn(st, a, sms, pdl) : cudaErrorInvalidValue;
     if (!cu_fgemv_ok(a->dtype, a->cols, a->row_bytes, a->w0, a->rows0 + a->rows1)) return cudaErrorInvalidValue;
     const bool pair = a->pair != 0;
     const int64_t R = pair ? a->rows0 : a->rows0 + a->rows1;
