@@ -288,35 +288,6 @@ def test_bf16_fgemv_single_buffered_matches_cpu(models, tmp_path, monkeypatch):
     check(f"decode (bf16 fgemv, single-buffered) {m.name} vs cpu", np.load(out), cpu)
 
 
-@pytest.mark.parametrize("name", SHAPES)
-def test_ffn_one_launch_matches_cpu(models, name, tmp_path, monkeypatch):
-    """SPARK_CUDA_FFN=1 (opt-in): each layer's gate/up pair and down projection
-    as one launch, the down split over the intermediate rows and added with
-    atomics (cu_ffn). It must have been launched (SPARK_CUDA_FG_SHOW lists it)
-    and agree with the CPU, and with the GPU's two-launch decode."""
-    m = models[(name, "bf16")]
-    cpu = logits(tmp_path, m.hf, m.ids, "--all")
-    two = logits(tmp_path, m.hf, m.ids, "--all", "--mode", "decode", "--gpu")
-    monkeypatch.setenv("SPARK_CUDA_FFN", "1")
-    monkeypatch.setenv("SPARK_CUDA_FG_SHOW", "1")
-    out = tmp_path / "ffn.npy"
-    proc = run_spark(["logits", m.hf, "--ids", ",".join(map(str, m.ids)), "--out", out, "--all", "--mode", "decode",
-                      "--gpu"])
-    shown = [x for x in proc.stderr.splitlines() if x.startswith("ffn ")]
-    assert len(shown) >= m.cfg["num_hidden_layers"], f"cu_ffn did not run for every layer:\n{proc.stderr[-1500:]}"
-    got = np.load(out)
-    check(f"decode (one-launch ffn) {m.name} vs cpu", got, cpu)
-    check(f"decode (one-launch ffn) {m.name} vs two launches", got, two)
-
-
-def test_spark_tiny_greedy_text_identical_ffn_one_launch(gpu, monkeypatch):
-    args = ["run", "-m", TINY, "-p", "And God said,", "-n", "64", "--temp", "0", "--seed", "1"]
-    cpu = run_spark(args).stdout
-    monkeypatch.setenv("SPARK_CUDA_FFN", "1")
-    got = run_spark(args + ["--gpu"]).stdout
-    assert got == cpu, f"GPU text (SPARK_CUDA_FFN=1) differs from CPU:\nCPU: {cpu!r}\nGPU: {got!r}"
-
-
 def test_spark_tiny_greedy_text_identical(gpu):
     args = ["run", "-m", TINY, "-p", "And God said,", "-n", "64", "--temp", "0", "--seed", "1"]
     cpu = run_spark(args).stdout

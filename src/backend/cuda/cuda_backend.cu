@@ -265,7 +265,6 @@ void cuda_destroy(backend *be)
     cudaFree(cb->ws);
     cudaFree(cb->kvstage);
     cudaFree(cb->ropetab);
-    cudaFree(cb->ffn_x);
     cudaFree(cb->bf);
     cudaFree(cb->panel);
     if (cb->blas) cublasDestroy(cb->blas);
@@ -1085,12 +1084,6 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     if (cb->fuse_on && !(rt && !strcmp(rt, "0")))
         CK(cudaMalloc((void **)&cb->ropetab, ROPE_TABLES * CUDA_MAX_HEAD_DIM * sizeof(float)));
     cb->split_keys = sk && atoi(sk) > 0 ? atoi(sk) : SPLIT_MIN_KEYS;
-    const char *ff = getenv("SPARK_CUDA_FFN"); /* =1: a layer's FFN in one launch (cu_ffn; off by default) */
-    if (cb->fuse_on && prop.major >= 9 && ff && !strcmp(ff, "1")) { /* (clusters, float4 atomics: sm_90) */
-        cb->ffn_on = 1;
-        cb->ffn_x_n = c->n_embd;
-        CK(cudaMalloc((void **)&cb->ffn_x, (size_t)c->n_embd * sizeof(float)));
-    }
     cb->verbose = getenv("SPARK_CUDA_VERBOSE") != NULL;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */
     cb->pdl_early = !(pe && !strcmp(pe, "0"));

@@ -29,7 +29,6 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_device.cuh"
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -37,7 +36,6 @@
 #include <stdlib.h>
 
 using namespace spark_dev;
-namespace cg = cooperative_groups;
 
 namespace {
 
@@ -499,7 +497,6 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
                             float h = a.resid[r] + acc[q];
                             if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
                             a.resid[r] = h;
-                            if (a.resid_copy) a.resid_copy[r] = h;
                         }
                     } else {
                         a.out1[r - a.rows0] = acc[q];
@@ -517,226 +514,6 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         g = gn;
     }
     tl_mark(a.tl, 2);
-}
-
-
-/* ---- a decode step's FFN in one launch (bf16): cu_ffn ------------------------ */
-/*
- * Why: the gate/up pair and the down projection are two launches with a
- * grid-wide wait between them (the down GEMV needs every GELU-mul output),
- * and the down GEMV streams below the pair (bench/cuda_runs.md run 17: 3.8
- * against 4.46 TB/s, ~0.75 us of release). Split over the intermediate rows
- * instead, the down projection needs no grid-wide wait: the blocks come in
- * clusters of FFN_C, a cluster owns a range of intermediate rows (whole
- * chunks of 8), each block computes the pair for its share of them and
- * keeps their GELU-mul outputs in shared memory; after one cluster barrier
- * each block reads its partners' outputs (distributed shared memory) and
- * multiplies the down matrix's columns of the cluster's range (a 16-byte
- * aligned segment of each row, ~620 bytes for the 4B) for its share of the
- * down matrix's rows, adding them to the residual with float4 atomics: one
- * add per cluster per value (run 22: one per block, 264 adds an address,
- * held the first form at ~2 TB/s). The sum over clusters is in arrival
- * order, so not bitwise reproducible run to run; x is the copy of the
- * residual the out projection wrote (resid_copy), since blocks add into
- * resid while later ones still load x.
- */
-constexpr int FFN_C = 8;     /* blocks a cluster (the portable maximum) */
-constexpr int FFN_DU = 5;    /* chunks of 8 intermediate rows a block, at most */
-constexpr int FFN_CU = FFN_C * FFN_DU; /* ... a cluster: <= 64, two 16-byte units of a row segment a lane */
-constexpr int FFN_DR = 4;    /* rows of the down matrix a warp has in flight (one float4 add) */
-
-template <int NV, int KS>
-__global__ void __launch_bounds__(FG_THREADS, 2) ffn_kernel(cu_fgemv_args a)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int RPG = FG_WARPS / KS; /* row pairs a group */
-    extern __shared__ float4 xs4[];
-    __shared__ float part[2][FG_WARPS][2];
-    __shared__ float red[FG_WARPS];
-    __shared__ float act[8 * FFN_DU];  /* this block's GELU-mul outputs */
-    __shared__ float cact[8 * FFN_CU]; /* the cluster's */
-    cg::cluster_group cl = cg::this_cluster();
-    const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int seg = warp % KS, rl = warp / KS;
-    const int nvec = a.cols / 8;
-    const int seglen = (nvec + KS - 1) / KS;
-    const int s0 = seg * seglen, s1 = s0 + seglen < nvec ? s0 + seglen : nvec;
-    /* the cluster's chunks [cc0, cc0 + ncc), this block's [cc0 + sub(rank), cc0 + sub(rank + 1)) */
-    const int64_t nch = a.rows0 / 8, ncl = gridDim.x / C, ci = blockIdx.x / C;
-    const int64_t cc0 = nch * ci / ncl;
-    const int ncc = (int)(nch * (ci + 1) / ncl - cc0);
-    auto sub = [&](int k) { return ncc * k / C; };
-    const int64_t i0 = 8 * (cc0 + sub(rank));
-    const int groups = 8 * (sub(rank + 1) - sub(rank)) / RPG;
-    const uint8_t *w0 = (const uint8_t *)a.w0, *w1 = (const uint8_t *)a.w1;
-
-    uint4 v[2][NV], vn[2][NV];
-    auto load = [&](int gi, uint4 (&dst)[2][NV]) {
-        const int64_t r = i0 + (int64_t)gi * RPG + rl;
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-            const uint4 *p = (const uint4 *)((q ? w1 : w0) + r * a.row_bytes);
-#pragma unroll
-            for (int k = 0; k < NV; k++) {
-                const int i = s0 + lane + WARP * k;
-                dst[q][k] = i < s1 ? __ldcs(p + i) : make_uint4(0, 0, 0, 0);
-            }
-        }
-    };
-
-    tl_mark(a.tl, 0);
-    if (groups > 0) load(0, v); /* weights only: before the wait */
-    pdl_wait();
-    pdl_release();
-    tl_mark(a.tl, 1);
-    load_norm_x<FG_THREADS, false, 2>(a, xs4, red); /* x (RMS-normalised), by units (fmt_bf16's layout) */
-
-    int par = 0;
-    for (int gi = 0; gi < groups; gi++) {
-        if (gi + 1 < groups) load(gi + 1, vn); /* in flight during the products below */
-        float acc2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int i = s0 + lane + WARP * k, ix = i < s1 ? i : 0; /* past the segment: zero weights */
-#pragma unroll
-            for (int q = 0; q < 2; q++) acc2[q][k % 2] = fmt_bf16::dot({v[q][k]}, xs4, NULL, ix, nvec, acc2[q][k % 2]);
-        }
-        float acc[2] = {warp_sum(acc2[0][0] + acc2[0][1]), warp_sum(acc2[1][0] + acc2[1][1])};
-        bool mine = lane == 0;
-        if (KS > 1) {
-            if (lane == 0) {
-                part[par][warp][0] = acc[0];
-                part[par][warp][1] = acc[1];
-            }
-            __syncthreads(); /* the other buffer is rewritten only after the next group's barrier */
-            mine = mine && seg == 0;
-            if (mine)
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    float s = 0.0f;
-                    for (int j = 0; j < KS; j++) s += part[par][warp + j][q];
-                    acc[q] = s;
-                }
-            par ^= 1;
-        }
-        if (mine) { /* as the pair fgemv's epilogue */
-            const int j = gi * RPG + rl;
-            const float ga = acc[0], up = acc[1];
-            const float y = 0.5f * ga * (1.0f + erff(ga * 0.70710678118654752f)) * up; /* exact erf form */
-            a.out0[i0 + j] = y;
-            a.out1[i0 + j] = up;
-            act[j] = y;
-        }
-#pragma unroll
-        for (int q = 0; q < 2; q++)
-#pragma unroll
-            for (int k = 0; k < NV; k++) v[q][k] = vn[q][k];
-    }
-
-    /* the down part's first rows (weights: before the cluster barrier) */
-    const int64_t nq = a.rows_d / 4, q0 = nq * rank / C, q1 = nq * (rank + 1) / C;
-    const uint8_t *wd = (const uint8_t *)a.wd + 16 * cc0; /* the cluster's columns: 8 bf16 a chunk */
-    const bool on0 = lane < ncc, on1 = WARP + lane < ncc;
-    uint4 d[FFN_DR][2], dn[FFN_DR][2];
-    auto dload = [&](int64_t qd, uint4 (&dst)[FFN_DR][2]) {
-#pragma unroll
-        for (int k = 0; k < FFN_DR; k++) {
-            const uint4 *row = (const uint4 *)(wd + (4 * qd + k) * a.wd_row_bytes);
-            dst[k][0] = qd < q1 && on0 ? __ldcs(row + lane) : make_uint4(0, 0, 0, 0);
-            dst[k][1] = qd < q1 && on1 ? __ldcs(row + WARP + lane) : make_uint4(0, 0, 0, 0);
-        }
-    };
-    int64_t qd = q0 + warp;
-    dload(qd, d);
-
-    cl.sync(); /* every block's act is written */
-    for (int i = threadIdx.x; i < 8 * ncc; i += FG_THREADS) {
-        int k = 0; /* the partner whose share holds chunk i / 8 */
-        while (k + 1 < C && sub(k + 1) <= i / 8) k++;
-        cact[i] = cl.map_shared_rank(act, k)[i - 8 * sub(k)];
-    }
-    /* partners may leave once they have read this block's act (waited for at the end) */
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-    __syncthreads(); /* cact complete */
-    float av[2][8];
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            const int idx = 8 * (h * WARP + lane) + e;
-            av[h][e] = (h ? on1 : on0) ? cact[idx] : 0.0f;
-        }
-
-    /* a warp takes quads q0 + warp, + FG_WARPS, ...: lane l units l and 32 + l of each row's segment */
-    for (; qd < q1; qd += FG_WARPS) {
-        dload(qd + FG_WARPS, dn);
-        float s[FFN_DR];
-#pragma unroll
-        for (int k = 0; k < FFN_DR; k++) {
-            float t = 0.0f;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint4 w = d[k][h];
-                t = fmaf(__uint_as_float(w.x << 16), av[h][0], t);
-                t = fmaf(__uint_as_float(w.x & 0xffff0000u), av[h][1], t);
-                t = fmaf(__uint_as_float(w.y << 16), av[h][2], t);
-                t = fmaf(__uint_as_float(w.y & 0xffff0000u), av[h][3], t);
-                t = fmaf(__uint_as_float(w.z << 16), av[h][4], t);
-                t = fmaf(__uint_as_float(w.z & 0xffff0000u), av[h][5], t);
-                t = fmaf(__uint_as_float(w.w << 16), av[h][6], t);
-                t = fmaf(__uint_as_float(w.w & 0xffff0000u), av[h][7], t);
-            }
-            s[k] = t;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-            for (int k = 0; k < FFN_DR; k++) s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
-        if (lane == 0) atomicAdd((float4 *)(a.resid + 4 * qd), make_float4(s[0], s[1], s[2], s[3]));
-#pragma unroll
-        for (int k = 0; k < FFN_DR; k++) {
-            d[k][0] = dn[k][0];
-            d[k][1] = dn[k][1];
-        }
-    }
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-    tl_mark(a.tl, 2);
-#endif
-}
-
-typedef void (*ffn_fn)(cu_fgemv_args);
-
-template <int KS>
-ffn_fn ffn_pick_nv(int nv)
-{
-    switch (nv) {
-    case 1: return ffn_kernel<1, KS>;
-    case 2: return ffn_kernel<2, KS>;
-    case 3: return ffn_kernel<3, KS>;
-    case 4: return ffn_kernel<4, KS>;
-    case 5: return ffn_kernel<5, KS>;
-    }
-    return NULL;
-}
-
-/* the smallest split KS whose segments fit 5 units a lane (2 rows x 5 x 2
- * buffers of uint4 within two blocks an SM's registers); NULL if none */
-ffn_fn ffn_pick(int64_t cols, int *ks_out)
-{
-    const int64_t nvec = cols / 8;
-    for (int ks = 1; ks <= FG_WARPS; ks *= 2) {
-        const int64_t nv = ((nvec + ks - 1) / ks + WARP - 1) / WARP;
-        if (nv > 5) continue;
-        *ks_out = ks;
-        switch (ks) {
-        case 1: return ffn_pick_nv<1>((int)nv);
-        case 2: return ffn_pick_nv<2>((int)nv);
-        case 4: return ffn_pick_nv<4>((int)nv);
-        default: return ffn_pick_nv<8>((int)nv);
-        }
-    }
-    return NULL;
 }
 
 /* GPU layout of quantized rows (see the formats above), one thread per block. */
@@ -914,45 +691,6 @@ int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64
            rows < ((int64_t)1 << 31);
 }
 
-int cu_ffn_ok(const cu_fgemv_args *a)
-{
-    int ks = 0;
-    const bool a16 = ((uintptr_t)a->w0 | (uintptr_t)a->w1 | (uintptr_t)a->wd | (uintptr_t)a->resid | (uintptr_t)a->x) % 16 == 0;
-    return a->dtype == CU_BF16 && a->pair && a->wd && a->resid && a->nw && a->x != a->resid && a16 && a->cols > 0 &&
-           a->cols % 8 == 0 && a->row_bytes == (int64_t)a->cols * 2 && a->rows0 > 0 && a->rows0 % 8 == 0 &&
-           a->rows1 == a->rows0 && a->wd_row_bytes == a->rows0 * 2 && a->rows_d == a->cols && a->rows_d % 4 == 0 &&
-           a->rows0 / 8 >= FFN_C && a->rows0 / 8 <= (int64_t)65535 * FFN_DU && fg_smem(CU_BF16, a->cols) <= 46 * 1024 &&
-           !a->steer_dir && !a->stamps && ffn_pick(a->cols, &ks);
-}
-
-/* Two blocks an SM where they fit, and enough blocks that none takes more
- * than FFN_DU chunks of 8 intermediate rows. */
-static cudaError_t cu_ffn(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
-{
-    int ks = 0;
-    ffn_fn fn = ffn_pick(a->cols, &ks);
-    const size_t smem = fg_smem(CU_BF16, a->cols);
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, FG_THREADS, smem) != cudaSuccess) {
-        cudaGetLastError();
-        b = 1;
-    }
-    /* whole clusters of FFN_C blocks, a cluster at most FFN_CU chunks (each
-     * block at most FFN_DU), at least one chunk a block */
-    const int64_t nch = a->rows0 / 8;
-    int64_t grid = (int64_t)sms * (b >= 2 ? 2 : 1);
-    if (grid * FFN_DU < nch) grid = (nch + FFN_DU - 1) / FFN_DU;
-    grid = (grid + FFN_C - 1) / FFN_C * FFN_C;
-    if (grid > nch) grid = nch / FFN_C * FFN_C;
-    static const int show = getenv("SPARK_CUDA_FG_SHOW") != NULL;
-    if (show)
-        fprintf(stderr, "ffn %lld x %d + down %lld: KS %d, %lld blocks (%d an SM fit)\n", (long long)a->rows0, a->cols,
-                (long long)a->rows_d, ks, (long long)grid, b);
-    cudaError_t e = launch_cluster_ex(pdl != 0, FFN_C, dim3((unsigned)grid), dim3(FG_THREADS), smem, st, fn, *a);
-    if (e != cudaSuccess) return e;
-    return cudaGetLastError();
-}
-
 void cu_fgemv_tune(int fly_kb) { fg_fly = fly_kb > 0 ? fly_kb * 1e3 : 96e3; }
 
 void cu_fgemv_force(int ks, int b, int db)
@@ -983,7 +721,6 @@ double fg_x16_cost()
  * block's x preparation when that is the int16 rounding. */
 cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
 {
-    if (a->wd) return cu_ffn_ok(a) ? cu_ffn(st, a, sms, pdl) : cudaErrorInvalidValue;
     if (!cu_fgemv_ok(a->dtype, a->cols, a->row_bytes, a->w0, a->rows0 + a->rows1)) return cudaErrorInvalidValue;
     const bool pair = a->pair != 0;
     const int64_t R = pair ? a->rows0 : a->rows0 + a->rows1;

@@ -279,45 +279,6 @@ void fuse(cuda_backend *cb)
     cb->fused = (long)n - (long)cb->nfq;
 }
 
-/* SPARK_CUDA_FFN=1: each layer's [out projection + add], [norm + gate/up
- * pair], [down + add] becomes [out projection + add, also writing the
- * residual's copy ffn_x], [cu_ffn: the pair reading x from ffn_x, the down
- * projection split over the pair's rows and added to the residual]. The
- * down projection's own output buffer is then not written (nothing after it
- * reads it: a hook command after the down GEMV keeps the layer as it is). */
-static void ffn_split(cuda_backend *cb)
-{
-    size_t w = 0;
-    for (size_t i = 0; i < cb->nfq; i++) {
-        const cmd *c = &cb->fq[i];
-        const cmd *d = i + 1 < cb->nfq ? &cb->fq[i + 1] : NULL;
-        const cmd *after = i + 2 < cb->nfq ? &cb->fq[i + 2] : NULL;
-        cmd *o = w > 0 ? &cb->fq[w - 1] : NULL;
-        const cu_fgemv_args *pa = &c->fg;
-        if (o && d && c->op == OP_FGEMV && pa->pair && o->op == OP_FGEMV && !o->fg.pair && o->fg.rows1 == 0 &&
-            o->fg.resid == pa->x && o->fg.rows0 == pa->cols && !o->fg.resid_copy && d->op == OP_FGEMV &&
-            !d->fg.pair && d->fg.rows1 == 0 && d->fg.x == pa->out0 && d->fg.resid == pa->x && d->fg.cols == pa->rows0 &&
-            !d->fg.stamps && d->fg.dtype == pa->dtype && !(after && after->op == OP_HOOK) && pa->cols <= cb->ffn_x_n) {
-            cmd f = *c;
-            f.fg.x = cb->ffn_x;
-            f.fg.wd = d->fg.w0;
-            f.fg.wd_row_bytes = d->fg.row_bytes;
-            f.fg.rows_d = d->fg.rows0;
-            f.fg.resid = d->fg.resid;
-            f.fg.steer_dir = d->fg.steer_dir;
-            if (cu_ffn_ok(&f.fg)) {
-                o->fg.resid_copy = cb->ffn_x;
-                cb->fq[w++] = f;
-                i++;
-                continue;
-            }
-        }
-        if (w != i) cb->fq[w] = *c;
-        w++;
-    }
-    cb->nfq = w;
-}
-
 /* ---- SPARK_CUDA_TIMELINE=FILE: when every block of a step ran -------------- */
 /*
  * A diagnostic for the decode step's kernel boundaries (bench/cuda_timeline.py
@@ -401,7 +362,6 @@ bool capture(cuda_backend *cb)
     size_t count = cb->nq;
     if (cb->fast && cb->fuse_on) {
         fuse(cb);
-        if (cb->ffn_on) ffn_split(cb);
         timeline_assign(cb, cb->fq, cb->nfq);
         list = cb->fq;
         count = cb->nfq;

@@ -170,13 +170,6 @@ typedef struct cu_fgemv_args {
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
     unsigned long long *tl;     /* SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
-    /* a residual add also writes the new resid[r] here (the copy cu_ffn reads x from) */
-    float *resid_copy;
-    /* cu_ffn (wd != NULL): after the gate/up pair, the down matrix wd (rows_d
-     * rows of rows0 bf16 values, wd_row_bytes apart) times the pair's output,
-     * added to resid (rows_d values) with vector atomics */
-    const void *wd;
-    int64_t wd_row_bytes, rows_d;
 } cu_fgemv_args;
 
 /* SPARK_CUDA_TIMELINE's record of one launch (the tl fields above): block b's
@@ -196,12 +189,6 @@ void cu_fgemv_tune(int fly_kb);
  * blocks an SM (0: any), double-buffered or not (db -1: the default). A
  * launch no such shape fits fails with cudaErrorInvalidValue. */
 void cu_fgemv_force(int ks, int b, int db);
-/* A layer's FFN in one launch (bf16 only): rmsnorm(x) * nw, the gate/up pair
- * with the GELU-mul (out0, out1 written as the pair fgemv writes them), then
- * resid += wd . out0 split over the intermediate rows, each block adding its
- * share with atomics (sums in arrival order: not bitwise reproducible). x
- * must not be resid (blocks add while others still load x). */
-int cu_ffn_ok(const cu_fgemv_args *a);
 /* Look up the kernels' occupancy for rows of `cols` now, outside any graph capture. */
 void cu_fgemv_prepare(int64_t cols);
 

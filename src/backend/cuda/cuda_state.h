@@ -76,9 +76,6 @@ struct cuda_backend {
     int64_t att_step_keys; /* ... while a full layer's context is at most this (SPARK_CUDA_ATTSTEP_KEYS) */
     long graph_att_steps, att_step_runs; /* its launches in the current graph; launches run (SPARK_CUDA_VERBOSE) */
     int pdl_now;     /* launches now get the PDL attribute (during a capture) */
-    int ffn_on;      /* a layer's FFN as one launch, cu_ffn (SPARK_CUDA_FFN=1) */
-    float *ffn_x;    /* ... the residual's copy it reads x from (ffn_x_n floats) */
-    int64_t ffn_x_n;
     cmd *fq;         /* the fused form of q */
     size_t nfq, fqcap;
     long fused;      /* commands the last fusion removed */
