@@ -75,19 +75,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar)
 
 __device__ __forceinline__ void cons_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CTHREADS) : "memory"); }
 
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc)
-{
-    acc = fmaf(__uint_as_float(w.x << 16), a.x, acc);
-    acc = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, acc);
-    acc = fmaf(__uint_as_float(w.y << 16), a.z, acc);
-    acc = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, acc);
-    acc = fmaf(__uint_as_float(w.z << 16), b.x, acc);
-    acc = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, acc);
-    acc = fmaf(__uint_as_float(w.w << 16), b.z, acc);
-    acc = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, acc);
-    return acc;
-}
-
 __device__ void producer(const params &P, char *ring, uint64_t *full, uint64_t *empty)
 {
     uint32_t seq = 0;
@@ -173,17 +160,17 @@ __global__ void __launch_bounds__(THREADS, 1) flow_kernel(params P)
                 int u = u0 + lane;
                 for (; u + WARP < u0 + seglen; u += 2 * WARP) {
                     const float4 xa = xs4[u], xb = xs4[nvec + u], xc = xs4[u + WARP], xd = xs4[nvec + u + WARP];
-                    a0 = dot8(wr[u], xa, xb, a0);
-                    a1 = dot8(wr[u + WARP], xc, xd, a1);
+                    a0 = dot_bf16x8(wr[u], xa, xb, a0);
+                    a1 = dot_bf16x8(wr[u + WARP], xc, xd, a1);
                     if (o.pair) {
-                        b0 = dot8(wu[u], xa, xb, b0);
-                        b1 = dot8(wu[u + WARP], xc, xd, b1);
+                        b0 = dot_bf16x8(wu[u], xa, xb, b0);
+                        b1 = dot_bf16x8(wu[u + WARP], xc, xd, b1);
                     }
                 }
                 if (u < u0 + seglen) {
                     const float4 xa = xs4[u], xb = xs4[nvec + u];
-                    a0 = dot8(wr[u], xa, xb, a0);
-                    if (o.pair) b0 = dot8(wu[u], xa, xb, b0);
+                    a0 = dot_bf16x8(wr[u], xa, xb, a0);
+                    if (o.pair) b0 = dot_bf16x8(wu[u], xa, xb, b0);
                 }
             }
             __syncwarp();

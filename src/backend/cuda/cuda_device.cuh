@@ -20,6 +20,20 @@ constexpr int WARP = 32;
 /* an IEEE half's bits (the scales of Q8_0 / Q4_K / Q6_K, f16 weights) as a float */
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
+/* acc + 8 bf16 weights (w: pairs low half first) . x, x = (a, b) in order:
+ * a bf16 is the top half of its float, so each is a shift or a mask */
+__device__ __forceinline__ float dot_bf16x8(uint4 w, float4 a, float4 b, float acc)
+{
+    acc = fmaf(__uint_as_float(w.x << 16), a.x, acc);
+    acc = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, acc);
+    acc = fmaf(__uint_as_float(w.y << 16), a.z, acc);
+    acc = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, acc);
+    acc = fmaf(__uint_as_float(w.z << 16), b.x, acc);
+    acc = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, acc);
+    acc = fmaf(__uint_as_float(w.w << 16), b.z, acc);
+    return fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, acc);
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll

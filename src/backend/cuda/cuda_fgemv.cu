@@ -73,17 +73,7 @@ struct fmt_bf16 {
     __device__ static unit none() { return {make_uint4(0, 0, 0, 0)}; }
     __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
     {
-        const uint4 w = u.q;
-        const float4 x0 = xs4[i], x1 = xs4[nvec + i];
-        acc = fmaf(__uint_as_float(w.x << 16), x0.x, acc);
-        acc = fmaf(__uint_as_float(w.x & 0xffff0000u), x0.y, acc);
-        acc = fmaf(__uint_as_float(w.y << 16), x0.z, acc);
-        acc = fmaf(__uint_as_float(w.y & 0xffff0000u), x0.w, acc);
-        acc = fmaf(__uint_as_float(w.z << 16), x1.x, acc);
-        acc = fmaf(__uint_as_float(w.z & 0xffff0000u), x1.y, acc);
-        acc = fmaf(__uint_as_float(w.w << 16), x1.z, acc);
-        acc = fmaf(__uint_as_float(w.w & 0xffff0000u), x1.w, acc);
-        return acc;
+        return dot_bf16x8(u.q, xs4[i], xs4[nvec + i], acc);
     }
 };
 
