@@ -7,6 +7,19 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SPARK_BIN = os.environ.get("SPARK_BIN", str(ROOT / "build" / "spark"))
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
 
+# The synthetic shapes the CPU forward (test_forward.py) and the GPU
+# (test_cuda.py) are both checked on: head_dim != hidden/heads in all, GQA
+# ratio 4 in the first and third, windows of 8-16 with prompts 3-5x the
+# window so the rings wrap.
+SYNTH_SHAPES = {
+    "gqa4_w8": dict(hidden=64, ff=128, layers=4, heads=4, kv_heads=1, head_dim=32, vocab=256, window=8,
+                    pattern="SSSF", prompt=40, seed=1),
+    "mha_w16": dict(hidden=48, ff=96, layers=3, heads=2, kv_heads=2, head_dim=40, vocab=300, window=16,
+                    pattern="SFS", prompt=50, seed=2),
+    "gqa4_8layers_w12": dict(hidden=96, ff=160, layers=8, heads=8, kv_heads=2, head_dim=16, vocab=320, window=12,
+                             pattern="SSSF", prompt=45, seed=3),
+}
+
 
 def run_spark(args, expect_rc=0, input=None, timeout=600):
     """Run `spark ARGS`; assert the exit status and that no sanitizer spoke.

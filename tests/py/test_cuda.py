@@ -22,19 +22,15 @@ import numpy as np
 import pytest
 
 import mkmodel
-from sparktest import ROOT, head_only_case, require_gpu, run_spark
+from sparktest import ROOT, SYNTH_SHAPES, head_only_case, require_gpu, run_spark
 
 TOL = 1e-3
 TINY = ROOT / "models" / "spark-tiny"
 REPORT = os.environ.get("SPARK_CUDA_REPORT")  # optional JSON lines file of measured errors
 
+# the CPU tests' shapes, and one with the 4B's head_dim (the fast decode path)
 SHAPES = {
-    "gqa4_w8": dict(hidden=64, ff=128, layers=4, heads=4, kv_heads=1, head_dim=32, vocab=256, window=8,
-                    pattern="SSSF", prompt=40, seed=1),
-    "mha_w16": dict(hidden=48, ff=96, layers=3, heads=2, kv_heads=2, head_dim=40, vocab=300, window=16,
-                    pattern="SFS", prompt=50, seed=2),
-    "gqa4_8layers_w12": dict(hidden=96, ff=160, layers=8, heads=8, kv_heads=2, head_dim=16, vocab=320, window=12,
-                             pattern="SSSF", prompt=45, seed=3),
+    **SYNTH_SHAPES,
     "d256_gqa4_w16": dict(hidden=512, ff=1024, layers=4, heads=8, kv_heads=2, head_dim=256, vocab=1024, window=16,
                           pattern="SSSF", prompt=70, seed=4),
 }

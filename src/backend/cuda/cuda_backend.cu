@@ -324,15 +324,7 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_MATMUL:
         if (c->n == 1 && cb->fast && cu_fgemv_ok(c->dtype, c->cols, c->row_bytes, c->w, c->rows) &&
             ((uintptr_t)c->x % 16) == 0) {
-            cu_fgemv_args a;
-            memset(&a, 0, sizeof a);
-            a.dtype = c->dtype;
-            a.w0 = c->w;
-            a.out0 = c->out;
-            a.x = c->x;
-            a.rows0 = c->rows;
-            a.row_bytes = c->row_bytes;
-            a.cols = (int)c->cols;
+            cu_fgemv_args a = fgemv_of_matmul(c);
             CK(cu_fgemv(st, &a, cb->sms, cb->pdl_now));
         } else if (c->n <= 2 * CUDA_GEMV_MAX_TOKENS) { /* decode: stream the weights once per 4 tokens */
             for (int t0 = 0; t0 < c->n; t0 += CUDA_GEMV_MAX_TOKENS) {
@@ -391,6 +383,20 @@ cmd new_cmd(int op, int n)
     c.op = op;
     c.n = n;
     return c;
+}
+
+cu_fgemv_args fgemv_of_matmul(const cmd *m)
+{
+    cu_fgemv_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = m->dtype;
+    a.x = m->x;
+    a.w0 = m->w;
+    a.out0 = m->out;
+    a.rows0 = m->rows;
+    a.row_bytes = m->row_bytes;
+    a.cols = (int)m->cols;
+    return a;
 }
 
 void cuda_embed(backend *be, float *out, const weight_ref *table, const int32_t *ids, int n)
@@ -503,6 +509,25 @@ static void cache_args(A *a, const cuda_backend *cb, const kv_layer *cache, cons
     a->head_dim = sh->head_dim;
 }
 
+/* An attention's arguments (either kind of cache): cache_args', and where it
+ * writes, over how many key splits. */
+template <class A>
+static void attn_args(A *a, const cuda_backend *cb, const kv_layer *cache, const float *qkv, int n,
+                      const attn_shape *sh, float *out, int64_t splits)
+{
+    cache_args(a, cb, cache, qkv, n, sh);
+    a->out = out;
+    a->window = cache->window;
+    a->splits = (int)splits;
+    a->scale = sh->scale;
+}
+
+/* Bytes of the split partials (each split's output, max and sum a head). */
+static size_t split_ws_bytes(int n, const attn_shape *sh, int64_t splits)
+{
+    return (size_t)n * (size_t)sh->n_head * (size_t)splits * (size_t)(sh->head_dim + 2) * sizeof(float);
+}
+
 /* Attention over a coded cache (cuda_kv.cu). Flash-decoding splits from the
  * capacity, as for f32 (launch shape independent of the position): enough
  * blocks to fill every SM once (the kernel's occupancy), each split at least
@@ -518,13 +543,9 @@ void kv_coded_attention(cuda_backend *cb, float *out, const float *qkv, const kv
                                 KV_SPLIT_MIN_KEYS);
     cmd c = new_cmd(OP_KVATTN, n);
     cu_kv_attn_args *a = &c.kva;
-    cache_args(a, cb, cache, qkv, n, sh);
-    a->out = out;
-    a->window = cache->window;
-    a->splits = (int)splits;
+    attn_args(a, cb, cache, qkv, n, sh, out, splits);
     a->fmt = cache->type;
-    a->scale = sh->scale;
-    size_t ws_need = (size_t)n * (size_t)sh->n_head * (size_t)splits * (size_t)(sh->head_dim + 2) * sizeof(float);
+    size_t ws_need = split_ws_bytes(n, sh, splits);
     int64_t rk = cu_kv_row_bytes(cache->type, 0, sh->head_dim), rv = cu_kv_row_bytes(cache->type, 1, sh->head_dim);
     size_t st_need = (size_t)n * (size_t)sh->n_head_kv * (size_t)(rk + rv);
     if (ws_need > cb->ws_bytes || st_need > cb->kvstage_bytes) flush(cb); /* a recorded step may name the old ones */
@@ -547,13 +568,9 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     int64_t splits = key_splits(cache, (int64_t)n * sh->n_head_kv, 2 * (int64_t)cb->sms, cb->split_keys);
     cmd c = new_cmd(OP_ATTN, n);
     cu_attn_args *a = &c.attn;
-    cache_args(a, cb, cache, qkv, n, sh);
-    a->out = out;
-    a->window = cache->window;
-    a->splits = (int)splits;
+    attn_args(a, cb, cache, qkv, n, sh, out, splits);
     a->min_split_keys = cb->split_keys;
     a->pdl_early = cb->pdl_early;
-    a->scale = sh->scale;
     /* the one-launch form (fuse) while the keys are few; a field of the
      * recorded command, so crossing the limit captures a new graph once */
     const int64_t keys = cache->window && cache->window < pos0 + n ? cache->window : pos0 + n;
@@ -565,7 +582,7 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
         splits = a->splits;
     }
     if (splits > 1) {
-        size_t need = (size_t)n * (size_t)sh->n_head * (size_t)splits * (size_t)(sh->head_dim + 2) * sizeof(float);
+        size_t need = split_ws_bytes(n, sh, splits);
         if (need > cb->ws_bytes) flush(cb); /* a recorded step may still name the old buffer */
         a->ws = (float *)scratch((void **)&cb->ws, &cb->ws_bytes, need);
     }
@@ -872,128 +889,6 @@ spark_status upload_model(cuda_backend *cb, const spark_model *m)
 } // namespace spark_cuda
 
 using namespace spark_cuda;
-
-extern "C" int backend_cuda_available(void)
-{
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return count > 0;
-}
-
-extern "C" int spark_cuda_available(void) { return backend_cuda_available(); }
-
-namespace {
-
-/* Median of n timings (ms) of `work` on `st`, each between two events. */
-template <typename F> float median_ms(cudaStream_t st, int n, F work)
-{
-    cudaEvent_t a, b;
-    float t[16], ms = 0;
-    if (n > 16) n = 16;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int i = 0; i < n; i++) {
-        CK(cudaEventRecord(a, st));
-        work();
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        CK(cudaEventElapsedTime(&t[i], a, b));
-    }
-    for (int i = 1; i < n; i++) /* insertion sort: n is tiny */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            float x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
-    ms = t[n / 2];
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return ms;
-}
-
-} // namespace
-
-extern "C" spark_status backend_cuda_probe(int device, size_t bytes, double *copy_gb_s, double *bf16_tflop_s)
-{
-    *copy_gb_s = *bf16_tflop_s = 0;
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
-        cudaGetLastError();
-        return spark_fail(SPARK_ERR_UNSUPPORTED, "no CUDA device: none to probe (device %d)", device);
-    }
-    CK(cudaSetDevice(device));
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    void *x = NULL, *y = NULL;
-    if (cudaMalloc(&x, bytes) != cudaSuccess || cudaMalloc(&y, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        cudaFree(x);
-        cudaStreamDestroy(st);
-        return spark_fail(SPARK_ERR_NOMEM, "CUDA device %d: no room for the %.1f GB bandwidth probe", device,
-                          2.0 * (double)bytes / 1e9);
-    }
-    CK(cudaMemsetAsync(x, 1, bytes, st));
-    for (int i = 0; i < 3; i++) CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, st));
-    float ms = median_ms(st, 10, [&] { CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, st)); });
-    *copy_gb_s = 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
-    CK(cudaFree(x));
-    CK(cudaFree(y));
-
-    /* the matrix peak: bf16 inputs, fp32 accumulation, as the prefill GEMMs */
-    const int N = 8192;
-    const size_t mat = (size_t)N * N;
-    void *A = NULL, *B = NULL, *C = NULL;
-    cublasHandle_t h = NULL;
-    bool ok = cudaMalloc(&A, mat * 2) == cudaSuccess && cudaMalloc(&B, mat * 2) == cudaSuccess &&
-              cudaMalloc(&C, mat * 4) == cudaSuccess && cublasCreate(&h) == CUBLAS_STATUS_SUCCESS;
-    if (ok) {
-        CKB(cublasSetStream(h, st));
-        CK(cudaMemsetAsync(A, 0x3c, mat * 2, st)); /* bf16 0x3c3c: a normal number */
-        CK(cudaMemsetAsync(B, 0x3c, mat * 2, st));
-        const float one = 1.0f, zero = 0.0f;
-        auto gemm = [&] {
-            CKB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, A, CUDA_R_16BF, N, B, CUDA_R_16BF, N, &zero, C,
-                             CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        };
-        gemm();
-        ms = median_ms(st, 5, gemm);
-        *bf16_tflop_s = 2.0 * N * (double)N * N / (ms * 1e-3) / 1e12;
-    }
-    cudaGetLastError();
-    if (h) cublasDestroy(h);
-    cudaFree(A);
-    cudaFree(B);
-    cudaFree(C);
-    cudaStreamDestroy(st);
-    return SPARK_OK;
-}
-
-extern "C" spark_status backend_cuda_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes, char *name,
-                                            size_t name_len)
-{
-    *free_bytes = *total_bytes = 0;
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || device < 0 || device >= count) {
-        cudaGetLastError();
-        return spark_fail(SPARK_ERR_UNSUPPORTED, "no CUDA device %d", device);
-    }
-    cudaDeviceProp prop;
-    size_t f = 0, t = 0;
-    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess ||
-        cudaMemGetInfo(&f, &t) != cudaSuccess) {
-        cudaGetLastError();
-        return spark_fail(SPARK_ERR_UNSUPPORTED, "CUDA device %d: cannot read its memory", device);
-    }
-    if (name && name_len) snprintf(name, name_len, "%s", prop.name);
-    *free_bytes = f;
-    *total_bytes = t;
-    return SPARK_OK;
-}
 
 extern "C" spark_status backend_cuda_fill_kv(backend *be, kv_layer *layer, int64_t rows, int32_t n_head_kv,
                                              int32_t head_dim, uint64_t seed)

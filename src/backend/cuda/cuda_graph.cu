@@ -165,17 +165,12 @@ void fuse(cuda_backend *cb)
             /* (no output may be the input x: blocks load x at different times) */
             const cmd *m1 = &q[i + 1];
             cmd f = new_cmd(OP_FGEMV, 1);
+            f.fg = fgemv_of_matmul(m1);
             cu_fgemv_args *a = &f.fg;
-            a->dtype = m1->dtype;
-            a->x = c->x;
+            a->x = c->x; /* the norm's input, normalised by the kernel into xn */
             a->nw = c->y;
             a->eps = c->eps;
             a->xn = c->out;
-            a->w0 = m1->w;
-            a->out0 = m1->out;
-            a->rows0 = m1->rows;
-            a->row_bytes = m1->row_bytes;
-            a->cols = (int)m1->cols;
             size_t used = 2;
             const cmd *m2 = i + 2 < n ? &q[i + 2] : NULL;
             if (m2 && fg_matmul_ok(m2) && m2->dtype == m1->dtype && m2->x == c->out && m2->cols == m1->cols &&
@@ -204,15 +199,8 @@ void fuse(cuda_backend *cb)
         if (fg_matmul_ok(c) && al16(c->x) && i + 1 < n && q[i + 1].op == OP_ADD && q[i + 1].x == c->out &&
             q[i + 1].count == c->rows && q[i + 1].out != c->x && q[i + 1].out != c->out && c->out != c->x) {
             cmd f = new_cmd(OP_FGEMV, 1);
-            cu_fgemv_args *a = &f.fg;
-            a->dtype = c->dtype;
-            a->x = c->x;
-            a->w0 = c->w;
-            a->out0 = c->out;
-            a->resid = q[i + 1].out;
-            a->rows0 = c->rows;
-            a->row_bytes = c->row_bytes;
-            a->cols = (int)c->cols;
+            f.fg = fgemv_of_matmul(c);
+            f.fg.resid = q[i + 1].out;
             fq_push(cb, &f);
             i += 2;
             continue;

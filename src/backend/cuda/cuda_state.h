@@ -165,9 +165,13 @@ struct cmd {
 };
 
 /* cuda_backend.cu: a command's launch (into the stream, or into the graph
- * being captured), and a zero-filled command of an op. */
+ * being captured), a zero-filled command of an op, and the fused GEMV of a
+ * plain matmul. */
 void run_cmd(cuda_backend *cb, const cmd *c);
 cmd new_cmd(int op, int n);
+/* A fused GEMV of one single-token matmul's matrix: every other field zero
+ * (no norm, no second matrix, no residual). */
+cu_fgemv_args fgemv_of_matmul(const cmd *m);
 
 /* cuda_graph.cu: run the recorded step (before anything that synchronizes);
  * an op's command, recorded inside a single-token step or else launched;
