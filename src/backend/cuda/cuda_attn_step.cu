@@ -86,8 +86,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
      * the first tile's copy of row p is taken from here, not reloaded */
     __shared__ float kcur[E * WARP], vcur[E * WARP];
     /* skip_p: row p left as zeros (the first tile's load, before the owner's store) */
-    /* which: 1 the keys, 2 the values, 3 both */
-    auto load_part = [&](int64_t j0, float (&k)[AS_KT][E], float (&v)[AS_KT][E], bool skip_p, int which) {
+    auto load = [&](int64_t j0, float (&k)[AS_KT][E], float (&v)[AS_KT][E], bool skip_p) {
         int64_t slot = j0 % a.slots; /* one 64-bit remainder a tile, the next keys' slots by a wrap */
 #pragma unroll
         for (int u = 0; u < AS_KT; u++, slot = slot + 1 == a.slots ? 0 : slot + 1) {
@@ -101,13 +100,10 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
 #pragma unroll
             for (int e = 0; e < E; e++) {
                 const int d = lane + WARP * e;
-                if (which & 1) k[u][e] = kr && d < D ? kr[d] : 0.0f;
-                if (which & 2) v[u][e] = vr && d < D ? vr[d] : 0.0f;
+                k[u][e] = kr && d < D ? kr[d] : 0.0f;
+                v[u][e] = vr && d < D ? vr[d] : 0.0f;
             }
         }
-    };
-    auto load = [&](int64_t j0, float (&k)[AS_KT][E], float (&v)[AS_KT][E], bool skip_p) {
-        load_part(j0, k, v, skip_p, 3);
     };
 
     /* the first tile: rows earlier steps wrote, so before the wait (row p,
@@ -116,8 +112,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     const bool first_has_p = first < je && first <= p && p < first + AS_KT;
     float k[AS_KT][E], v[AS_KT][E];
     tl_mark(a.tl, 0);
-    const int kv_late = a.kv_late;
-    if (kv_late == 0) load(first, k, v, true);
+    load(first, k, v, true);
     if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
     pdl_wait();
     pdl_release();
@@ -141,7 +136,6 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         if (t < 2 * half) ke1 = kq[t < half ? t + half : t - half];
         ve = vq[t];
     }
-    if (kv_late == 1 || kv_late == 3) load_part(first, k, v, true, kv_late == 1 ? 3 : 1);
     float qa[QI], qb[QI], qc[QI], qsn[QI]; /* q[d], its rope partner, cos, sin */
 #pragma unroll
     for (int r = 0; r < QI; r++) {
@@ -166,7 +160,6 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         /* as rope_kv_kernel: x0 * c - x1 * s, x1 * c + x0 * s (x0 = q[t], x1 = q[t + half]) */
         qs[i / D][d] = d >= 2 * half ? qa[r] : d < half ? qa[r] * qc[r] - qb[r] * qsn[r] : qa[r] * qc[r] + qb[r] * qsn[r];
     }
-    if (kv_late == 2 || kv_late == 3) load_part(first, k, v, true, kv_late == 2 ? 3 : 2);
     /* the owner ropes k in place and stores k and v into the slot of p, and
      * into shared memory, where the warp whose first tile holds p takes
      * them from (a reload from global memory made the owner the block the

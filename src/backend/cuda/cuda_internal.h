@@ -105,9 +105,6 @@ typedef struct cu_attn_args {
     int pdl;           /* launch as a programmatic dependent of the previous kernel (sm_90) */
     int pdl_early;     /* let the following kernels launch before this one's dependency wait, so the
                         * out-projection GEMV after it loads its first weights during the attention */
-    int kv_late;       /* step, experiment: where the first key tile's loads are issued: 0 before the
-                        * dependency wait, 1 after the q loads, 2 after the q rope, 3 k after the q
-                        * loads and v after the rope (SPARK_CUDA_ATT_KV_LATE) */
     int flash;         /* run by cu_flash_attention (prefill chunks, f32 cache; set by the backend) */
     /* a decode step's attention in one launch (cu_attn_step, cuda_attn_step.cu): */
     int step_ok;       /* recorded: the context is short enough for it (cuda_attention) */
