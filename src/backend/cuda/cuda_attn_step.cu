@@ -242,10 +242,6 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         if (w == 0) wmx[g] = mx;
     }
     __syncthreads();
-    const int outs = G * D, slice = (outs + C - 1) / C;
-    /* push: split c's state for the outputs of block s's slice, in s's memory */
-    __shared__ float pm[AS_CMAX][AS_G], pl[AS_CMAX][AS_G], pa[AS_G * 8 * WARP + AS_CMAX];
-    const bool push = a.push != 0;
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
         const float mx = wmx[g];
@@ -257,24 +253,14 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
                 sa += sm_acc[w][g][d] * f;
             }
         }
-        if (push) {
-            const int s = i / slice;
-            cl.map_shared_rank(&pa[0], s)[rank * slice + (i - s * slice)] = sa;
-            if (d == 0)
-                for (int c = 0; c < C; c++) {
-                    cl.map_shared_rank(&pm[0][0], c)[rank * AS_G + g] = mx;
-                    cl.map_shared_rank(&pl[0][0], c)[rank * AS_G + g] = sl;
-                }
-        } else {
-            fin_a[g][d] = sa;
-            if (d == 0) {
-                fin_m[g] = mx;
-                fin_l[g] = sl;
-            }
+        fin_a[g][d] = sa;
+        if (d == 0) {
+            fin_m[g] = mx;
+            fin_l[g] = sl;
         }
     }
     tl_mark(a.tl, 5);
-    cl.sync(); /* every block's partial is in its shared memory (push: in its partners'); every q read is done */
+    cl.sync(); /* every block's partial is in its shared memory; every q read is done */
     tl_mark(a.tl, 6);
 
     if (rank == 0) /* q roped in place, as rope_kv leaves it */
@@ -286,25 +272,6 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
      * order (as the merge kernel; the same operations as one weight a
      * thread, without two more block barriers: run 19's timeline, 3 us for
      * this merge) */
-    if (push) {
-        /* every split's state for this block's slice is here: merged as below, from local memory */
-        const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
-        for (int i = rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
-            const int g = i / D, d = i % D, j = i - rank * slice;
-            float M = -INFINITY;
-            for (int c = 0; c < C; c++) M = fmaxf(M, pm[c][g]);
-            float L = 0.0f, A = 0.0f;
-            for (int c = 0; c < C; c++) {
-                const float w = pm[c][g] == -INFINITY ? 0.0f : expf(pm[c][g] - M); /* 0: an empty split */
-                L += pl[c][g] * w;
-                if (w != 0.0f) A += pa[c * slice + j] * w;
-            }
-            a.out[(int64_t)(kh * G + g) * D + d] = A / L * gsig[g];
-        }
-        tl_mark(a.tl, 7);
-        tl_mark(a.tl, 2); /* no partner reads this block's memory after the barrier: no last barrier */
-        return;
-    }
     __shared__ float rm[AS_CMAX][AS_G], rl[AS_CMAX][AS_G];
     if (threadIdx.x < C * G) {
         const int c = threadIdx.x / G, g = threadIdx.x % G;
@@ -312,6 +279,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         rl[c][g] = cl.map_shared_rank(&fin_l[0], c)[g];
     }
     __syncthreads();
+    const int outs = G * D, slice = (outs + C - 1) / C;
     const int i_end = (rank + 1) * slice < outs ? (rank + 1) * slice : outs;
     for (int i = rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
         const int g = i / D, d = i % D;

@@ -571,7 +571,6 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     attn_args(a, cb, cache, qkv, n, sh, out, splits);
     a->min_split_keys = cb->split_keys;
     a->pdl_early = cb->pdl_early;
-    a->push = cb->att_push;
     /* the one-launch form (fuse) while the keys are few; a field of the
      * recorded command, so crossing the limit captures a new graph once */
     const int64_t keys = cache->window && cache->window < pos0 + n ? cache->window : pos0 + n;
@@ -983,8 +982,6 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->verbose = getenv("SPARK_CUDA_VERBOSE") != NULL;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */
     cb->pdl_early = !(pe && !strcmp(pe, "0"));
-    const char *ap = getenv("SPARK_CUDA_ATT_PUSH");
-    cb->att_push = ap && !strcmp(ap, "1");
     /* SPARK_CUDA_ATTSTEP=0: a decode step's attention as rope_kv + attention
      * + merge kernels; =N: clusters of N blocks (a power of two, <= 16) */
     const char *as = getenv("SPARK_CUDA_ATTSTEP"), *ak = getenv("SPARK_CUDA_ATTSTEP_KEYS");

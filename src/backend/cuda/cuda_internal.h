@@ -105,8 +105,6 @@ typedef struct cu_attn_args {
     int pdl;           /* launch as a programmatic dependent of the previous kernel (sm_90) */
     int pdl_early;     /* let the following kernels launch before this one's dependency wait, so the
                         * out-projection GEMV after it loads its first weights during the attention */
-    int push;          /* step, experiment: the splits pushed into the slice owners' shared memory
-                        * before the cluster barrier, merged from local memory (SPARK_CUDA_ATT_PUSH=1) */
     int flash;         /* run by cu_flash_attention (prefill chunks, f32 cache; set by the backend) */
     /* a decode step's attention in one launch (cu_attn_step, cuda_attn_step.cu): */
     int step_ok;       /* recorded: the context is short enough for it (cuda_attention) */
