@@ -14,7 +14,7 @@
 # 2b. with QFMTS="q8_0 q4_k" the 36-layer model quantized here to each, and
 #    cuda_bench per TLSWEEP configuration on it (timeline off);
 # 3. with TESTS=1 the GPU test files (test_cuda, test_cuda_hooks, test_bench,
-#    test_pick);
+#    test_pick); with TEST_ENV="VAR=V,..." test_cuda.py again under it;
 # 4. a memcheck of spark-tiny's decode with the timeline on (and again under
 #    MEMCHECK_ENV="VAR=V,..." when given).
 set -u
@@ -73,6 +73,13 @@ if [ "${TESTS:-0}" = 1 ]; then
         tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py >"$OUT/tests.log" 2>&1
     tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
     grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+if [ -n "${TEST_ENV:-}" ]; then # test_cuda.py again under one more environment (VAR=V,VAR2=V2)
+    stamp "test_cuda.py under $TEST_ENV"
+    env $(echo "$TEST_ENV" | tr ',' ' ') PYTHONPATH=tools:tests/py timeout 200 python3 -m pytest -q -p no:cacheprovider \
+        -rfEs tests/py/test_cuda.py >"$OUT/tests2.log" 2>&1
+    tail -3 "$OUT/tests2.log" | tee -a "$SUMMARY"
+    grep -E "^(FAILED|ERROR)" "$OUT/tests2.log" | head -20 | tee -a "$SUMMARY"
 fi
 
 stamp "memcheck (spark-tiny decode, timeline on)"
