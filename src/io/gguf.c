@@ -262,13 +262,22 @@ static spark_status read_scalar(reader *r, gguf_kv *kv)
     return SPARK_OK;
 }
 
+/* The name that opens entry #index of a section (kind: "metadata key",
+ * "tensor info"), copied to *name; r->what then names the entry for the
+ * errors that follow. */
+static spark_status read_entry_name(reader *r, const char *kind, int64_t index, char **name)
+{
+    gguf_str s;
+    snprintf(r->what, sizeof r->what, "the name of %s #%lld", kind, (long long)index);
+    TRY(read_str(r, &s));
+    TRY(copy_name(r, s, name));
+    snprintf(r->what, sizeof r->what, "%s #%lld ('%.*s')", kind, (long long)index, shown_len(s.len), *name);
+    return SPARK_OK;
+}
+
 static spark_status read_kv(reader *r, int64_t index, gguf_kv *kv)
 {
-    gguf_str key;
-    snprintf(r->what, sizeof r->what, "the name of metadata key #%lld", (long long)index);
-    TRY(read_str(r, &key));
-    TRY(copy_name(r, key, &kv->key));
-    snprintf(r->what, sizeof r->what, "metadata key #%lld ('%.*s')", (long long)index, shown_len(key.len), kv->key);
+    TRY(read_entry_name(r, "metadata key", index, &kv->key));
     uint32_t t;
     TRY(read_u32(r, &t));
     TRY(check_type(r, t));
@@ -385,11 +394,7 @@ static spark_status size_tensor(const reader *r, tensor_info *t, const int64_t *
 
 static spark_status read_tensor_info(reader *r, int64_t index, tensor_info *t, uint32_t *ggml, uint64_t *offset)
 {
-    gguf_str name;
-    snprintf(r->what, sizeof r->what, "the name of tensor info #%lld", (long long)index);
-    TRY(read_str(r, &name));
-    TRY(copy_name(r, name, &t->name));
-    snprintf(r->what, sizeof r->what, "tensor info #%lld ('%.*s')", (long long)index, shown_len(name.len), t->name);
+    TRY(read_entry_name(r, "tensor info", index, &t->name));
     uint32_t n_dims;
     TRY(read_u32(r, &n_dims));
     if (n_dims > TENSOR_MAX_DIMS)
