@@ -565,7 +565,7 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
         kv_coded_attention(cb, out, qkv, cache, n, sh);
         return;
     }
-    int64_t splits = key_splits(cache, (int64_t)n * sh->n_head_kv, 2 * (int64_t)cb->sms, cb->split_keys);
+    int64_t splits = key_splits(cache, (int64_t)n * sh->n_head_kv, (int64_t)cb->att_blocks_per_sm * cb->sms, cb->split_keys);
     cmd c = new_cmd(OP_ATTN, n);
     cu_attn_args *a = &c.attn;
     attn_args(a, cb, cache, qkv, n, sh, out, splits);
@@ -982,6 +982,10 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->verbose = getenv("SPARK_CUDA_VERBOSE") != NULL;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */
     cb->pdl_early = !(pe && !strcmp(pe, "0"));
+    /* one wave of split blocks: the kernel's registers leave one block an
+     * SM, and a second wave cost 5 % at ctx 32k (bench/cuda_runs.md run 23) */
+    const char *bps = getenv("SPARK_CUDA_ATT_BPS");
+    cb->att_blocks_per_sm = bps && atoi(bps) > 0 ? atoi(bps) : 1;
     /* SPARK_CUDA_ATTSTEP=0: a decode step's attention as rope_kv + attention
      * + merge kernels; =N: clusters of N blocks (a power of two, <= 16) */
     const char *as = getenv("SPARK_CUDA_ATTSTEP"), *ak = getenv("SPARK_CUDA_ATTSTEP_KEYS");

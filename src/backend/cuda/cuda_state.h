@@ -70,6 +70,7 @@ struct cuda_backend {
     int fast, fuse_on, pdl_on;
     float *ropetab;  /* ROPE_TABLES x 2 x CUDA_MAX_HEAD_DIM / 2: cos / sin per rope class (rope_tables) */
     int split_keys;  /* attention: a key split covers at least this many keys (SPARK_CUDA_SPLIT_KEYS) */
+    int att_blocks_per_sm; /* the split attention's blocks an SM (SPARK_CUDA_ATT_BPS, default 1) */
     int pdl_early;   /* attention releases its dependents before its wait (SPARK_CUDA_PDL_EARLY=0: not) */
     int att_cluster; /* a decode step's attention in one launch, splits = this cluster size (cuda_attn_step.cu;
                       * 0: off, SPARK_CUDA_ATTSTEP=0) */

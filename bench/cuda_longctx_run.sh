@@ -1,0 +1,62 @@
+#!/bin/bash
+# cuda_longctx_run.sh — one device call for decode at long context (issue 6's
+# 32k row), binaries built here and carried (bench/cuda_carry.sh):
+#
+#   BIN=.carry SWEEP="label:VAR=V,...;..." [CHECKS="name:VAR=V,..."] [TEST_ENV=VAR=V,...] \
+#       bash bench/cuda_longctx_run.sh
+#
+# 1. decode vs CPU on the 4-layer 4B shape (600 tokens) per CHECKS variant;
+# 2. on the 36-layer 4B shape, cuda_bench at ctx 32512 (128 decoded) per
+#    SWEEP configuration, the sweep run twice (alternating settings);
+# 3. with TESTS=1 the GPU test files (test_cuda, test_cuda_hooks, test_bench,
+#    test_pick); with TEST_ENV, test_cuda.py under it; a memcheck of spark-tiny's decode
+#    under MEMCHECK_ENV (else TEST_ENV, else the default).
+set -u
+OUT=${OUT:-/tmp/cuda-longctx}
+BIN=${BIN:-.carry}
+. "$(dirname "$0")/device_env.sh"
+BIN=$(readlink -f "$BIN")
+stamp "start on $(hostname)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+start_models
+use_carried_bin
+probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+
+stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
+wait_model m4b2 120
+timeout 200 python3 bench/decode_check.py /tmp/m4b2 ${CHECKS:-default} 2>&1 | grep -v "^spark: CUDA" | tee -a "$SUMMARY"
+
+stamp "36 layers, ctx 32512"
+wait_model m4b 300
+IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:}"
+for round in 1 2; do
+    for cfg in "${CONFIGS[@]}"; do
+        label=${cfg%%:*}
+        vars=${cfg#*:}
+        line=$(env $(echo "$vars" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" /tmp/m4b --ctx 33300 --prefill 32512 \
+            --decode 128 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(decode|generate \(greedy)|rror" | tr '\n' ' ')
+        note "ctx 32k $label [$vars] round $round: $line"
+    done
+done
+
+if [ "${TESTS:-0}" = 1 ]; then
+    stamp "tests"
+    PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
+        tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py >"$OUT/tests-all.log" 2>&1
+    tail -3 "$OUT/tests-all.log" | tee -a "$SUMMARY"
+    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests-all.log" | head -20 | tee -a "$SUMMARY"
+fi
+if [ -n "${TEST_ENV:-}" ]; then
+    stamp "test_cuda.py under $TEST_ENV"
+    env $(echo "$TEST_ENV" | tr ',' ' ') PYTHONPATH=tools:tests/py timeout 200 python3 -m pytest -q -p no:cacheprovider \
+        -rfEs tests/py/test_cuda.py >"$OUT/tests.log" 2>&1
+    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
+    grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+MC_ENV=${MEMCHECK_ENV:-${TEST_ENV:-}}
+stamp "memcheck (spark-tiny decode${MC_ENV:+ under $MC_ENV})"
+env $(echo "$MC_ENV" | tr ',' ' ') timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+    "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy \
+    >"$OUT/sanitizer.log" 2>&1
+note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+stamp done
