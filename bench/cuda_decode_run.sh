@@ -29,13 +29,7 @@ MODE=${1:-quick}
 OUT=${OUT:-/tmp/cuda-decode}
 BIN=${BIN:-.carry}
 . "$(dirname "$0")/device_env.sh"
-BIN=$(readlink -f "$BIN")
-stamp "start ($MODE) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
-
-start_models
-use_carried_bin
-probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+carried_start "$MODE"
 
 stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
 wait_model m4b2 120

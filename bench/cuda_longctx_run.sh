@@ -15,12 +15,7 @@ set -u
 OUT=${OUT:-/tmp/cuda-longctx}
 BIN=${BIN:-.carry}
 . "$(dirname "$0")/device_env.sh"
-BIN=$(readlink -f "$BIN")
-stamp "start on $(hostname)"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
-start_models
-use_carried_bin
-probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+carried_start
 
 stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
 wait_model m4b2 120

@@ -14,12 +14,7 @@ set -u
 OUT=${OUT:-/tmp/cuda-mega}
 BIN=${BIN:-.carry}
 . "$(dirname "$0")/device_env.sh"
-BIN=$(readlink -f "$BIN")
-stamp "start on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
-start_models
-use_carried_bin
-probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+carried_start
 if [ "${PROBE:-1}" = 1 ] && [ -x "$BIN/flow_probe" ]; then
     stamp "flow_probe (36 layers of the 4B shape's matrices)"
     timeout 120 "$BIN/flow_probe" 36 2>&1 | tee -a "$SUMMARY"

@@ -21,12 +21,7 @@ set -u
 OUT=${OUT:-/tmp/cuda-timeline}
 BIN=${BIN:-.carry}
 . "$(dirname "$0")/device_env.sh"
-BIN=$(readlink -f "$BIN")
-stamp "start on $(hostname)"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
-start_models
-use_carried_bin
-probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+carried_start
 if [ -n "${L2PROBE:-}" ] && [ -x "$BIN/l2_probe" ]; then # (bench/l2_probe.cu: L2 prefetch ahead of a streaming read)
     stamp "l2_probe $L2PROBE"
     timeout 60 "$BIN/l2_probe" $L2PROBE 2>&1 | tee -a "$SUMMARY"

@@ -12,7 +12,8 @@
 # denominator, a 2 GiB device-to-device copy timed with torch (one line),
 # and for scripts that run carried binaries (BIN): start_models / wait_model
 # (the 4-layer and 36-layer 4B shapes written in the background) and
-# use_carried_bin (its wheels installed, SPARK_BIN set, or the script stops).
+# use_carried_bin (its wheels installed, SPARK_BIN set, or the script stops),
+# and carried_start, the opening of such a script (all of the above).
 mkdir -p "$OUT"
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -74,6 +75,17 @@ wait_model() {
     for _ in $(seq "${2:-300}"); do [ -f "/tmp/$1.done" ] && return 0; sleep 1; done
     note "model $1 not written in time ($(tail -1 "$OUT/models.log" 2>/dev/null))"
     return 1
+}
+# The opening of a script that runs carried binaries: BIN made absolute, the
+# machine and GPU named, the models started, the carried binary checked, the
+# floor's bandwidth probed (WHAT, optional: said in the first line).
+carried_start() {
+    BIN=$(readlink -f "$BIN")
+    stamp "start${1:+ ($1)} on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+    start_models
+    use_carried_bin
+    probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
 }
 # The carried wheels installed (each alone, --no-deps: the device has numpy
 # and torch) and SPARK_BIN=$BIN/spark, or a note and exit when it does not run.
