@@ -214,13 +214,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         float k2[AS_KT][E], v2[AS_KT][E];
         if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2, false);
         att_tile<AS_KT, E, AS_G>(q, k, v, G, je - j0, acc, m, l);
-#pragma unroll
-        for (int u = 0; u < AS_KT; u++)
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                k[u][e] = k2[u][e];
-                v[u][e] = v2[u][e];
-            }
+        att_next_tile(k, v, k2, v2);
     }
 
     /* the warps' states -> this block's partial (fin_*), in shared memory */

@@ -110,6 +110,20 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
  * E interleaved dims, d = lane + 32 e): the KT scores reduce side by side
  * (independent shuffle chains), then the running max m, sum l and acc are
  * rescaled once for the tile. Keys u >= nvalid are padding. */
+/* The prefetched tile (k2, v2) becomes the current one (k, v). */
+template <int KT, int E>
+__device__ __forceinline__ void att_next_tile(float (&k)[KT][E], float (&v)[KT][E], const float (&k2)[KT][E],
+                                              const float (&v2)[KT][E])
+{
+#pragma unroll
+    for (int u = 0; u < KT; u++)
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            k[u][e] = k2[u][e];
+            v[u][e] = v2[u][e];
+        }
+}
+
 template <int KT, int E, int GMAX>
 __device__ __forceinline__ void att_tile(const float (&q)[GMAX][E], const float (&k)[KT][E], const float (&v)[KT][E],
                                          int G, int64_t nvalid, float (&acc)[GMAX][E], float (&m)[GMAX],

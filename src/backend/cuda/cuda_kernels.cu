@@ -433,14 +433,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cu_attn_args 
         if (!AHEAD) load(j0, k, v);
         else if (j0 + STRIDE < j_end) load(j0 + STRIDE, k2, v2);
         att_tile<ATT_KT, E, GMAX>(q, k, v, G, j_end - j0, acc, m, l);
-        if (!AHEAD) continue;
-#pragma unroll
-        for (int u = 0; u < ATT_KT; u++)
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                k[u][e] = k2[u][e];
-                v[u][e] = v2[u][e];
-            }
+        if (AHEAD) att_next_tile(k, v, k2, v2);
     }
 
     /* merge the warps' states through shared memory */
