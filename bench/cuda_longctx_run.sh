@@ -37,22 +37,14 @@ done
 
 if [ "${TESTS:-0}" = 1 ]; then
     stamp "tests"
-    PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
-        tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py >"$OUT/tests-all.log" 2>&1
-    tail -3 "$OUT/tests-all.log" | tee -a "$SUMMARY"
-    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests-all.log" | head -20 | tee -a "$SUMMARY"
+    gpu_tests "$OUT/tests-all.log" "$GPU_TESTS"
 fi
 if [ -n "${TEST_ENV:-}" ]; then
     stamp "test_cuda.py under $TEST_ENV"
-    env $(echo "$TEST_ENV" | tr ',' ' ') PYTHONPATH=tools:tests/py timeout 200 python3 -m pytest -q -p no:cacheprovider \
-        -rfEs tests/py/test_cuda.py >"$OUT/tests.log" 2>&1
-    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
-    grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+    gpu_tests "$OUT/tests.log" tests/py/test_cuda.py $(echo "$TEST_ENV" | tr ',' ' ')
 fi
 MC_ENV=${MEMCHECK_ENV:-${TEST_ENV:-}}
 stamp "memcheck (spark-tiny decode${MC_ENV:+ under $MC_ENV})"
-env $(echo "$MC_ENV" | tr ',' ' ') timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-    "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy \
-    >"$OUT/sanitizer.log" 2>&1
+memcheck_tiny "$OUT/sanitizer.log" $(echo "$MC_ENV" | tr ',' ' ')
 note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 stamp done

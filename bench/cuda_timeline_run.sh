@@ -64,31 +64,18 @@ done
 
 if [ "${TESTS:-0}" = 1 ]; then
     stamp "tests"
-    PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
-        tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py >"$OUT/tests.log" 2>&1
-    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
-    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+    gpu_tests "$OUT/tests.log" "$GPU_TESTS"
 fi
 if [ -n "${TEST_ENV:-}" ]; then # test_cuda.py again under one more environment (VAR=V,VAR2=V2)
     stamp "test_cuda.py under $TEST_ENV"
-    env $(echo "$TEST_ENV" | tr ',' ' ') PYTHONPATH=tools:tests/py timeout 200 python3 -m pytest -q -p no:cacheprovider \
-        -rfEs tests/py/test_cuda.py >"$OUT/tests2.log" 2>&1
-    tail -3 "$OUT/tests2.log" | tee -a "$SUMMARY"
-    grep -E "^(FAILED|ERROR)" "$OUT/tests2.log" | head -20 | tee -a "$SUMMARY"
+    gpu_tests "$OUT/tests2.log" tests/py/test_cuda.py $(echo "$TEST_ENV" | tr ',' ' ')
 fi
 
 stamp "memcheck (spark-tiny decode, timeline on)"
-# memcheck LOG VAR=V...: spark-tiny's decode under compute-sanitizer in that environment
-memcheck() {
-    local log=$1
-    shift
-    env "$@" timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-        "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$log" 2>&1
-}
-memcheck "$OUT/sanitizer.log" SPARK_CUDA_TIMELINE=$OUT/tl-tiny.jsonl
+memcheck_tiny "$OUT/sanitizer.log" SPARK_CUDA_TIMELINE=$OUT/tl-tiny.jsonl
 note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1); timeline lines: $(wc -l <"$OUT/tl-tiny.jsonl" 2>/dev/null)"
 if [ -n "${MEMCHECK_ENV:-}" ]; then # the same under one more environment (VAR=V,VAR2=V2)
-    memcheck "$OUT/sanitizer2.log" $(echo "$MEMCHECK_ENV" | tr ',' ' ')
+    memcheck_tiny "$OUT/sanitizer2.log" $(echo "$MEMCHECK_ENV" | tr ',' ' ')
     note "memcheck [$MEMCHECK_ENV]: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer2.log" | tail -1)"
 fi
 rm -f "$OUT/tl-check.jsonl" "$OUT/tl-tiny.jsonl" # (the device returns only a few files: keep the sweep's)

@@ -13,7 +13,8 @@
 # and for scripts that run carried binaries (BIN): start_models / wait_model
 # (the 4-layer and 36-layer 4B shapes written in the background) and
 # use_carried_bin (its wheels installed, SPARK_BIN set, or the script stops),
-# and carried_start, the opening of such a script (all of the above).
+# and carried_start, the opening of such a script (all of the above);
+# gpu_tests and memcheck_tiny, the checks such a script ends with.
 mkdir -p "$OUT"
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -86,6 +87,25 @@ carried_start() {
     start_models
     use_carried_bin
     probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+}
+# The GPU test files a device script runs after its timings.
+GPU_TESTS="tests/py/test_cuda.py tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py"
+# gpu_tests LOG "FILES" [VAR=V ...]: pytest on FILES in that environment, the
+# summary and any failure, error or skip to $SUMMARY.
+gpu_tests() {
+    local log=$1 files=$2
+    shift 2
+    env "$@" PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q -p no:cacheprovider -rfEs $files >"$log" 2>&1
+    tail -3 "$log" | tee -a "$SUMMARY"
+    grep -E "^(FAILED|ERROR|SKIPPED)" "$log" | head -20 | tee -a "$SUMMARY"
+}
+# memcheck_tiny LOG [VAR=V ...]: spark-tiny's decode under compute-sanitizer in
+# that environment; its status is the sanitizer's.
+memcheck_tiny() {
+    local log=$1
+    shift
+    env "$@" timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+        "$SPARK_BIN" logits models/spark-tiny --ids 3,4,5,6,7,8,9,10 --all --mode decode --gpu --out /tmp/s.npy >"$log" 2>&1
 }
 # The carried wheels installed (each alone, --no-deps: the device has numpy
 # and torch) and SPARK_BIN=$BIN/spark, or a note and exit when it does not run.
