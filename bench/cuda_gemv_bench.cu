@@ -210,7 +210,7 @@ int main(int argc, char **argv)
             a.rot_dims = full ? 64 : 256, a.theta = full ? 5e6 : 1e4, a.rope_tab = tab + (full ? 0 : 256);
             a.pdl_early = !(getenv("SPARK_CUDA_PDL_EARLY") && atoi(getenv("SPARK_CUDA_PDL_EARLY")) == 0);
             a.scale = 1.0f / 16.0f, a.gate = gb, a.pdl = pdl, a.step = 1;
-            CK(cu_attn_step(st, &a, cluster, 0));
+            CK(cu_attn_step(st, &a, cluster));
             return;
         }
         if (what & 1)

@@ -159,13 +159,26 @@ __device__ __forceinline__ void step_q_and_kv(const cu_attn_args &a, const step_
     }
 }
 
+/* A float at `local` in the shared memory of cluster block `rank` (mapa and
+ * a shared::cluster load: no generic-address resolution). */
+__device__ __forceinline__ float dsmem_load(const float *local, int rank)
+{
+    uint32_t remote;
+    float v;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
 /* From the block's partial (fin_m, fin_l: per head; fin_a: per head and
- * dim, unnormalised) in shared memory to the gated output: a cluster
- * barrier, the splits' states in one distributed-shared-memory round, then
- * each output of this block's slice of the G x D weighs the splits in its
- * own thread, reading the partners' values first, in ascending order (as
- * the merge kernel; run 19's timeline: 3 us for this merge with three more
- * block barriers). Rank 0 writes q back roped, as rope_kv leaves it. */
+ * dim, unnormalised) in shared memory to the gated output: after a cluster
+ * barrier, each output of this block's slice of the G x D reads every
+ * partner's value, max and sum in one distributed-shared-memory round (by
+ * mapa addresses) and weighs the splits in its own thread, in ascending
+ * order (as the merge kernel). The merge took 2.7-2.9 us with the maxima
+ * and sums read first by a few threads, a block barrier, then the values
+ * through generic pointers; 1.7 us so (bench/cuda_runs.md run 24). Rank 0
+ * writes q back roped, as rope_kv leaves it. */
 template <int E>
 __device__ __forceinline__ void step_cluster_merge(const cu_attn_args &a, const step_geo &s, cg::cluster_group &cl,
                                                    float (&fin_m)[AS_G], float (&fin_l)[AS_G],
@@ -179,28 +192,30 @@ __device__ __forceinline__ void step_cluster_merge(const cu_attn_args &a, const 
     if (s.rank == 0)
         for (int i = threadIdx.x; i < G * D; i += blockDim.x)
             ((float *)a.qkv)[(int64_t)(s.kh * G + i / D) * D + i % D] = qs[i / D][i % D];
-    __shared__ float rm[AS_CMAX][AS_G], rl[AS_CMAX][AS_G];
-    if (threadIdx.x < C * G) {
-        const int c = threadIdx.x / G, g = threadIdx.x % G;
-        rm[c][g] = cl.map_shared_rank(&fin_m[0], c)[g];
-        rl[c][g] = cl.map_shared_rank(&fin_l[0], c)[g];
-    }
-    __syncthreads();
     const int outs = G * D, slice = (outs + C - 1) / C;
     const int i_end = (s.rank + 1) * slice < outs ? (s.rank + 1) * slice : outs;
     for (int i = s.rank * slice + threadIdx.x; i < i_end; i += blockDim.x) {
         const int g = i / D, d = i % D;
-        float part[AS_CMAX]; /* the partners' values, all requested before any is used */
+        float part[AS_CMAX], pm[AS_CMAX], pl[AS_CMAX]; /* every partner's value, max and sum, requested at once */
 #pragma unroll
-        for (int c = 0; c < AS_CMAX; c++) part[c] = c < C ? cl.map_shared_rank(&fin_a[0][0], c)[g * E * WARP + d] : 0.0f;
+        for (int c = 0; c < AS_CMAX; c++) {
+            part[c] = pm[c] = pl[c] = 0.0f;
+            if (c < C) {
+                part[c] = dsmem_load(&fin_a[g][d], c);
+                pm[c] = dsmem_load(&fin_m[g], c);
+                pl[c] = dsmem_load(&fin_l[g], c);
+            }
+        }
         float M = -INFINITY;
-        for (int c = 0; c < C; c++) M = fmaxf(M, rm[c][g]);
+#pragma unroll
+        for (int c = 0; c < AS_CMAX; c++)
+            if (c < C) M = fmaxf(M, pm[c]);
         float L = 0.0f, A = 0.0f;
 #pragma unroll
         for (int c = 0; c < AS_CMAX; c++) {
             if (c >= C) break;
-            const float w = rm[c][g] == -INFINITY ? 0.0f : expf(rm[c][g] - M); /* 0: an empty split */
-            L += rl[c][g] * w;
+            const float w = pm[c] == -INFINITY ? 0.0f : expf(pm[c] - M); /* 0: an empty split */
+            L += pl[c] * w;
             if (w != 0.0f) A += part[c] * w;
         }
         a.out[(int64_t)(s.kh * G + g) * D + d] = A / L * gsig[g];
@@ -349,220 +364,19 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
 #endif
 }
 
-/* ---- the same step with the keys and values staged in shared memory -------
- * (SPARK_CUDA_ATT_SMEM=1, measured against the kernel above). Why: the
- * kernel above holds a warp's tiles in registers (243 of them), so each warp
- * keeps its own softmax state and the block merges 8 warps' states before
- * the cluster merge (1.3 us of its ~10, run 17). Here the bulk-copy engine
- * moves a block's rows into shared memory in chunks of A2_KC keys (issued
- * by warp 0, before the dependency wait for the first two chunks), the
- * warps score the chunk's keys into shared memory, one warp per head keeps
- * the running max and sum, and thread t accumulates output dim t for every
- * head: the block's partial is complete without a merge of warps, in a
- * fraction of the registers. */
-constexpr int A2_KC = 32; /* keys a chunk: one a lane of warp 0 (its copies) and of a head's warp (its softmax) */
-constexpr int A2_NB = 2;  /* chunk buffers (the next chunk lands while this one is used) */
-
-/* the dynamic shared memory of the E instance: A2_NB chunks of keys, then of values */
-constexpr size_t a2_smem_bytes(int E) { return (size_t)2 * A2_NB * A2_KC * E * WARP * sizeof(float); }
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/* The 16 partial sums of a warp (each lane's v[0..15]) reduced across the
- * warp in 16 shuffles (not 16 x 5): at each halving a lane keeps the half
- * its lane bit selects and adds its partner's copy of it. Lanes 2i and
- * 2i + 1 end holding the full sum of value i. */
-__device__ __forceinline__ float warp_sum16(float (&v)[16], int lane)
-{
-#pragma unroll
-    for (int n = 8, o = 16; n >= 1; n >>= 1, o >>= 1) {
-        const bool up = lane & o;
-#pragma unroll
-        for (int i = 0; i < n; i++) {
-            const float keep = up ? v[i + n] : v[i], send = up ? v[i] : v[i + n];
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-        }
-    }
-    return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
-}
-#endif
-
 template <int E>
-__global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_smem_kernel(cu_attn_args a)
+cudaError_t launch_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    static_assert(AS_KT * AS_G == 16, "warp_sum16 reduces a warp's 4 keys x 4 heads");
-    static_assert(A2_KC == WARP && AS_WARPS * AS_KT == A2_KC, "a chunk: a key a lane, AS_KT keys a warp");
-    constexpr int RS = E * WARP; /* a staged row's stride, floats */
-    cg::cluster_group cl = cg::this_cluster();
-    const step_geo s = step_geometry(a, (int)cl.num_blocks(), (int)cl.block_rank());
-    const int D = s.D, G = s.G, warp = s.warp, lane = s.lane;
-    const int64_t p = s.p, jb = s.jb, je = s.je;
-    const int nchunks = je > jb ? (int)((je - jb + A2_KC - 1) / A2_KC) : 0;
-
-    extern __shared__ __align__(128) float a2_dyn[];
-    float *ks = a2_dyn, *vs = a2_dyn + A2_NB * A2_KC * RS; /* [A2_NB][A2_KC][RS] each */
-    __shared__ __align__(8) uint64_t bars[A2_NB];
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < A2_NB; b++) mbar_init(&bars[b], 1);
-        mbar_fence_init();
-    }
-    __syncthreads();
-    /* chunk c's rows (row p excepted: the owner writes it) into buffer c % A2_NB, by warp 0 */
-    auto issue = [&](int c) {
-        if (warp != 0) return;
-        const int b = c % A2_NB;
-        const int64_t j = jb + (int64_t)c * A2_KC + lane;
-        const bool copy = j < je && j != p;
-        const unsigned rows = (unsigned)__popc(__ballot_sync(0xffffffffu, copy));
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the block's reads of the buffer first */
-        if (lane == 0) mbar_expect(&bars[b], rows * 2u * (unsigned)D * (unsigned)sizeof(float));
-        __syncwarp();
-        if (copy) {
-            const int64_t off = (j % a.slots) * s.kv_dim + (int64_t)s.kh * D;
-            const size_t at = ((size_t)b * A2_KC + lane) * RS;
-            bulk_load(ks + at, a.kc + off, (uint32_t)(D * sizeof(float)), &bars[b]);
-            bulk_load(vs + at, a.vc + off, (uint32_t)(D * sizeof(float)), &bars[b]);
-        }
-    };
-    tl_mark(a.tl, 0);
-    for (int c = 0; c < A2_NB && c < nchunks; c++) issue(c); /* rows earlier steps wrote: before the wait */
-    if (a.pdl_early) pdl_release();
-    pdl_wait();
-    pdl_release();
-    tl_mark(a.tl, 1);
-
-    __shared__ float gsig[AS_G];
-    __shared__ float qs[AS_G][RS];
-    float kt, vt;
-    step_q_and_kv<E>(a, s, qs, gsig, &kt, &vt);
-    __syncthreads(); /* qs complete */
-    if (s.owner && threadIdx.x < D) /* k roped in place (every k value was read above) */
-        ((float *)a.qkv)[s.q_dim + (int64_t)s.kh * D + threadIdx.x] = kt;
-    tl_mark(a.tl, 3);
-
-    float q[AS_G][E];
-#pragma unroll
-    for (int g = 0; g < AS_G; g++)
-#pragma unroll
-        for (int e = 0; e < E; e++) {
-            const int d = lane + WARP * e;
-            q[g][e] = g < G && d < D ? qs[g][d] * a.scale : 0.0f;
-        }
-    /* thread t's outputs: i = t + 256 r (head i / D, dim i % D) */
-    constexpr int OS = (AS_G * RS + AS_WARPS * WARP - 1) / (AS_WARPS * WARP);
-    const bool dim_t = D == AS_WARPS * WARP; /* 256-dim heads: output r is head r, dim t (one value load a key) */
-    float acc[OS];
-#pragma unroll
-    for (int r = 0; r < OS; r++) acc[r] = 0.0f;
-    float m_run = -INFINITY, l_run = 0.0f; /* warp g < G: head g's running max and sum */
-    __shared__ float sc[AS_G][A2_KC], pr[AS_G][A2_KC], corr[AS_G];
-
-    for (int c = 0; c < nchunks; c++) {
-        const int b = c % A2_NB;
-        const int64_t c0 = jb + (int64_t)c * A2_KC;
-        const int nk = je - c0 < A2_KC ? (int)(je - c0) : A2_KC;
-        const float *kb = ks + (size_t)b * A2_KC * RS, *vb = vs + (size_t)b * A2_KC * RS;
-        mbar_wait(&bars[b], (uint32_t)(c / A2_NB) & 1u);
-        if (s.owner && p >= c0 && p < c0 + nk && threadIdx.x < D) {
-            ks[((size_t)b * A2_KC + (p - c0)) * RS + threadIdx.x] = kt;
-            vs[((size_t)b * A2_KC + (p - c0)) * RS + threadIdx.x] = vt;
-        }
-        __syncthreads(); /* chunk c complete; every thread done with chunk c - 1 */
-        if (c >= 1 && c + 1 < nchunks) issue(c + 1); /* into chunk c - 1's buffer */
-
-        /* scores: warp w takes keys w + AS_WARPS u of the chunk */
-        float part[AS_KT * AS_G];
-#pragma unroll
-        for (int u = 0; u < AS_KT; u++) {
-            const int r = warp + AS_WARPS * u;
-            float kx[E];
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                const int d = lane + WARP * e;
-                kx[e] = r < nk && d < D ? kb[r * RS + d] : 0.0f;
-            }
-#pragma unroll
-            for (int g = 0; g < AS_G; g++) {
-                float t = 0.0f;
-#pragma unroll
-                for (int e = 0; e < E; e++) t = fmaf(q[g][e], kx[e], t);
-                part[u * AS_G + g] = t;
-            }
-        }
-        const float score = warp_sum16(part, lane);
-        {
-            const int idx = lane >> 1, u = idx / AS_G, g = idx % AS_G, r = warp + AS_WARPS * u;
-            if (!(lane & 1) && g < G) sc[g][r] = r < nk ? score : -INFINITY;
-        }
-        __syncthreads();
-        /* head warp's softmax state over the chunk */
-        if (warp < G) {
-            const float x = sc[warp][lane];
-            float cm = x;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-            const float mn = fmaxf(m_run, cm);
-            const float f = m_run == -INFINITY ? 0.0f : expf(m_run - mn);
-            const float pe = x == -INFINITY ? 0.0f : expf(x - mn);
-            l_run = l_run * f + warp_sum(pe);
-            m_run = mn;
-            pr[warp][lane] = pe;
-            if (lane == 0) corr[warp] = f;
-        }
-        __syncthreads();
-        /* values: thread t's outputs */
-        if (dim_t) {
-#pragma unroll
-            for (int r = 0; r < OS; r++) acc[r] *= r < G ? corr[r] : 0.0f;
-            for (int j = 0; j < nk; j++) {
-                const float x = vb[j * RS + threadIdx.x];
-#pragma unroll
-                for (int r = 0; r < OS; r++) acc[r] = fmaf(r < G ? pr[r][j] : 0.0f, x, acc[r]);
-            }
-        } else {
-#pragma unroll
-            for (int r = 0; r < OS; r++) {
-                const int i = threadIdx.x + r * AS_WARPS * WARP, g = i / D, d = i % D;
-                if (i >= G * D) break;
-                float t = acc[r] * corr[g];
-                for (int j = 0; j < nk; j++) t = fmaf(pr[g][j], vb[j * RS + d], t);
-                acc[r] = t;
-            }
-        }
-    }
-    tl_mark(a.tl, 4);
-
-    __shared__ float fin_m[AS_G], fin_l[AS_G], fin_a[AS_G][RS];
-#pragma unroll
-    for (int r = 0; r < OS; r++) {
-        const int i = threadIdx.x + r * AS_WARPS * WARP;
-        if (i < G * D) fin_a[i / D][i % D] = acc[r];
-    }
-    if (warp < G && lane == 0) {
-        fin_m[warp] = m_run;
-        fin_l[warp] = l_run;
-    }
-    step_cluster_merge<E>(a, s, cl, fin_m, fin_l, fin_a, qs, gsig);
-#endif
+    return launch_cluster_ex(a->pdl != 0, cluster, dim3((unsigned)(a->n_head_kv * cluster)), dim3(AS_WARPS * WARP), 0,
+                             st, attn_step_kernel<E>, *a);
 }
 
+/* Whether clusters of c blocks of fn can run here. */
 template <int E>
-cudaError_t launch_step(cudaStream_t st, const cu_attn_args *a, int cluster, bool smem)
+bool cluster_runs(int c)
 {
-    const dim3 grid((unsigned)(a->n_head_kv * cluster)), block(AS_WARPS * WARP);
-    if (smem) return launch_cluster_ex(a->pdl != 0, cluster, grid, block, a2_smem_bytes(E), st, attn_step_smem_kernel<E>, *a);
-    return launch_cluster_ex(a->pdl != 0, cluster, grid, block, 0, st, attn_step_kernel<E>, *a);
-}
-
-/* Whether clusters of c blocks of the E instance (with its staged keys
- * and values when smem) can run here; sets the attributes they need. */
-template <int E>
-bool cluster_runs(int c, bool smem)
-{
-    void (*fn)(cu_attn_args) = smem ? attn_step_smem_kernel<E> : attn_step_kernel<E>;
-    const size_t dyn = smem ? a2_smem_bytes(E) : 0;
-    if ((c > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
-        (dyn && cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn) != cudaSuccess)) {
+    void (*fn)(cu_attn_args) = attn_step_kernel<E>;
+    if (c > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
@@ -570,7 +384,6 @@ bool cluster_runs(int c, bool smem)
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3((unsigned)c);
     cfg.blockDim = dim3(AS_WARPS * WARP);
-    cfg.dynamicSmemBytes = dyn;
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeClusterDimension;
     at.val.clusterDim.x = (unsigned)c;
@@ -594,16 +407,8 @@ int cu_attn_step_cluster(int device, int want)
         return 0;
     }
     for (int c = want > AS_CMAX ? AS_CMAX : want; c >= 2; c /= 2)
-        if (cluster_runs<1>(c, false) && cluster_runs<2>(c, false) && cluster_runs<4>(c, false) &&
-            cluster_runs<8>(c, false))
-            return c;
+        if (cluster_runs<1>(c) && cluster_runs<2>(c) && cluster_runs<4>(c) && cluster_runs<8>(c)) return c;
     return 0;
-}
-
-int cu_attn_step_smem_runs(int cluster)
-{
-    return cluster >= 2 && cluster <= AS_CMAX && cluster_runs<1>(cluster, true) && cluster_runs<2>(cluster, true) &&
-           cluster_runs<4>(cluster, true) && cluster_runs<8>(cluster, true);
 }
 
 int cu_attn_step_ok(const cu_attn_args *a)
@@ -613,15 +418,14 @@ int cu_attn_step_ok(const cu_attn_args *a)
            a->rot_dims % 2 == 0;
 }
 
-cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster, int smem)
+cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
     if (cluster < 2 || cluster > AS_CMAX || !cu_attn_step_ok(a)) return cudaErrorInvalidValue;
     const int D = a->head_dim;
-    const bool sm = smem && D % 4 == 0; /* the bulk copies move 16-byte multiples */
-    cudaError_t e = D <= 32 ? launch_step<1>(st, a, cluster, sm)
-                    : D <= 64 ? launch_step<2>(st, a, cluster, sm)
-                    : D <= 128 ? launch_step<4>(st, a, cluster, sm)
-                               : launch_step<8>(st, a, cluster, sm);
+    cudaError_t e = D <= 32 ? launch_step<1>(st, a, cluster)
+                    : D <= 64 ? launch_step<2>(st, a, cluster)
+                    : D <= 128 ? launch_step<4>(st, a, cluster)
+                               : launch_step<8>(st, a, cluster);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }

@@ -344,9 +344,7 @@ void run_cmd(cuda_backend *cb, const cmd *c)
     case OP_ATTN: {
         cu_attn_args a = c->attn;
         a.pdl = cb->pdl_now;
-        CK(a.flash  ? cu_flash_attention(st, &a)
-           : a.step ? cu_attn_step(st, &a, cb->att_cluster, cb->att_smem)
-                    : cu_attention(st, &a));
+        CK(a.flash ? cu_flash_attention(st, &a) : a.step ? cu_attn_step(st, &a, cb->att_cluster) : cu_attention(st, &a));
         return;
     }
     case OP_FGEMV: CK(cu_fgemv(st, &c->fg, cb->sms, cb->pdl_now)); return;
@@ -994,10 +992,6 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     const int want = as ? atoi(as) : ATT_STEP_CLUSTER;
     cb->att_cluster = cb->fuse_on && want > 1 ? cu_attn_step_cluster(device, want) : 0;
     cb->att_step_keys = ak && atoll(ak) > 0 ? atoll(ak) : ATT_STEP_KEYS;
-    const char *asm_ = getenv("SPARK_CUDA_ATT_SMEM"); /* =1: keys and values staged in shared memory */
-    cb->att_smem = asm_ && !strcmp(asm_, "1") && cb->att_cluster && cu_attn_step_smem_runs(cb->att_cluster);
-    if (asm_ && !strcmp(asm_, "1") && !cb->att_smem)
-        fprintf(stderr, "spark: CUDA: SPARK_CUDA_ATT_SMEM=1 but its clusters of %d do not run here\n", cb->att_cluster);
     timeline_init(cb);
     CK(cu_kv_init()); /* the TurboQuant tables on this device */
     /* a coded cache's single-token stage: allocated here, never grown inside a step */

@@ -126,12 +126,7 @@ cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
  * (n == 1, <= 4 query heads per KV head, head_dim <= 256). */
 int cu_attn_step_cluster(int device, int want);
 int cu_attn_step_ok(const cu_attn_args *a);
-/* smem: the variant that stages a block's keys and values in shared memory
- * by bulk copies (SPARK_CUDA_ATT_SMEM=1; heads whose head_dim % 4 != 0 take
- * the other); cu_attn_step_smem_runs: whether clusters of that size of it
- * run here (sets its shared-memory attribute: call once before launching) */
-int cu_attn_step_smem_runs(int cluster);
-cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster, int smem);
+cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster);
 
 /* ---- prefill attention on tensor cores (cuda_flash.cu) ----
  * The same computation as cu_attention for chunks of >= CUDA_FLASH_MIN_N

@@ -74,7 +74,6 @@ struct cuda_backend {
     int pdl_early;   /* attention releases its dependents before its wait (SPARK_CUDA_PDL_EARLY=0: not) */
     int att_cluster; /* a decode step's attention in one launch, splits = this cluster size (cuda_attn_step.cu;
                       * 0: off, SPARK_CUDA_ATTSTEP=0) */
-    int att_smem;    /* ... staging keys and values in shared memory (SPARK_CUDA_ATT_SMEM=1) */
     int64_t att_step_keys; /* ... while a full layer's context is at most this (SPARK_CUDA_ATTSTEP_KEYS) */
     long graph_att_steps, att_step_runs; /* its launches in the current graph; launches run (SPARK_CUDA_VERBOSE) */
     int pdl_now;     /* launches now get the PDL attribute (during a capture) */
