@@ -106,10 +106,6 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
 
 /* ---- decode attention: what the split-KV kernels share ---------------------- */
 
-/* One tile of KT keys for the G (<= GMAX) query heads a warp holds (lanes hold
- * E interleaved dims, d = lane + 32 e): the KT scores reduce side by side
- * (independent shuffle chains), then the running max m, sum l and acc are
- * rescaled once for the tile. Keys u >= nvalid are padding. */
 /* The prefetched tile (k2, v2) becomes the current one (k, v). */
 template <int KT, int E>
 __device__ __forceinline__ void att_next_tile(float (&k)[KT][E], float (&v)[KT][E], const float (&k2)[KT][E],
@@ -124,6 +120,10 @@ __device__ __forceinline__ void att_next_tile(float (&k)[KT][E], float (&v)[KT][
         }
 }
 
+/* One tile of KT keys for the G (<= GMAX) query heads a warp holds (lanes hold
+ * E interleaved dims, d = lane + 32 e): the KT scores reduce side by side
+ * (independent shuffle chains), then the running max m, sum l and acc are
+ * rescaled once for the tile. Keys u >= nvalid are padding. */
 template <int KT, int E, int GMAX>
 __device__ __forceinline__ void att_tile(const float (&q)[GMAX][E], const float (&k)[KT][E], const float (&v)[KT][E],
                                          int G, int64_t nvalid, float (&acc)[GMAX][E], float (&m)[GMAX],
