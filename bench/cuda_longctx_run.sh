@@ -1,13 +1,20 @@
 #!/bin/bash
 # cuda_longctx_run.sh — one device call for decode at long context (issue 6's
-# 32k row), binaries built here and carried (bench/cuda_carry.sh):
+# 32k row), or for the issue's whole table, binaries built here and carried
+# (bench/cuda_carry.sh):
 #
 #   BIN=.carry SWEEP="label:VAR=V,...;..." [CHECKS="name:VAR=V,..."] [TEST_ENV=VAR=V,...] \
 #       bash bench/cuda_longctx_run.sh
+#   BIN=.carry CTX="512 8192 32512" PREFILL_CHECK=1 QFMTS="q8_0 q4_k" TESTS=1 \
+#       bash bench/cuda_longctx_run.sh          (the issue's table)
 #
-# 1. decode vs CPU on the 4-layer 4B shape (600 tokens) per CHECKS variant;
-# 2. on the 36-layer 4B shape, cuda_bench at ctx CTX (default 32512; 128
-#    decoded) per SWEEP configuration, the sweep run twice (alternating);
+# 1. decode vs CPU on the 4-layer 4B shape (600 tokens) per CHECKS variant
+#    (with PREFILL_CHECK=1 the GPU's prefill against the CPU too);
+# 2. on the 36-layer 4B shape, cuda_bench at each context of CTX (default
+#    32512; that many tokens prefilled, 128 decoded) per SWEEP configuration,
+#    the sweep run twice (alternating);
+# 2b. with QFMTS="q8_0 q4_k" the 36-layer model quantized here to each, and
+#    cuda_bench at ctx 512 per SWEEP configuration on it, twice;
 # 3. with TESTS=1 the GPU test files (test_cuda, test_cuda_hooks, test_bench,
 #    test_pick); with TEST_ENV, test_cuda.py under it; a memcheck of spark-tiny's decode
 #    under MEMCHECK_ENV (else TEST_ENV, else the default).
@@ -19,20 +26,30 @@ carried_start
 
 stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
 wait_model m4b2 120
-timeout 200 python3 bench/decode_check.py /tmp/m4b2 ${CHECKS:-default} 2>&1 | grep -v "^spark: CUDA" | tee -a "$SUMMARY"
+timeout 200 python3 bench/decode_check.py /tmp/m4b2 ${PREFILL_CHECK:+--prefill} ${CHECKS:-default} 2>&1 | grep -v "^spark: CUDA" | tee -a "$SUMMARY"
 
-CTX=${CTX:-32512}
-stamp "36 layers, ctx $CTX"
-wait_model m4b 300
 IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:}"
-for round in 1 2; do
-    for cfg in "${CONFIGS[@]}"; do
-        label=${cfg%%:*}
-        vars=${cfg#*:}
-        line=$(env $(echo "$vars" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" /tmp/m4b --ctx $((CTX + 788)) --prefill "$CTX" \
-            --decode 128 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(decode|generate \(greedy)|rror" | tr '\n' ' ')
-        note "ctx $CTX $label [$vars] round $round: $line"
+# bench_ctx MODEL CTX LABEL VARS ROUND: cuda_bench's prefill / decode / generate lines, one note
+bench_ctx() {
+    local line
+    line=$(env $(echo "$4" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" "$1" --ctx $(($2 + 788)) --prefill "$2" \
+        --decode 128 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(prefill|decode|generate \(greedy)|rror" | tr '\n' ' ')
+    note "$(basename "$1") ctx $2 $3 [$4] round $5: $line"
+}
+wait_model m4b 300
+for ctx in ${CTX:-32512}; do
+    stamp "36 layers, ctx $ctx"
+    for round in 1 2; do
+        for cfg in "${CONFIGS[@]}"; do bench_ctx /tmp/m4b "$ctx" "${cfg%%:*}" "${cfg#*:}" $round; done
     done
+done
+for fmt in ${QFMTS:-}; do
+    stamp "36 layers in $fmt, ctx 512"
+    timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
+    for round in 1 2; do
+        for cfg in "${CONFIGS[@]}"; do bench_ctx /tmp/m4b-$fmt.gguf 512 "${cfg%%:*}" "${cfg#*:}" $round; done
+    done
+    rm -f /tmp/m4b-$fmt.gguf
 done
 
 if [ "${TESTS:-0}" = 1 ]; then
