@@ -9,12 +9,14 @@
 #       bash bench/cuda_longctx_run.sh          (the issue's table)
 #
 # 1. decode vs CPU on the 4-layer 4B shape (600 tokens) per CHECKS variant
-#    (with PREFILL_CHECK=1 the GPU's prefill against the CPU too);
+#    (with PREFILL_CHECK=1 the GPU's prefill against the CPU too, and the
+#    same for that model quantized to each of QFMTS);
 # 2. on the 36-layer 4B shape, cuda_bench at each context of CTX (default
-#    32512; that many tokens prefilled, 128 decoded) per SWEEP configuration,
-#    the sweep run twice (alternating);
+#    32512, CTX="" none; that many tokens prefilled, 128 decoded) per SWEEP
+#    configuration, the sweep run twice (alternating);
 # 2b. with QFMTS="q8_0 q4_k" the 36-layer model quantized here to each, and
-#    cuda_bench at ctx 512 per SWEEP configuration on it, twice;
+#    cuda_bench at each context of QCTX (default 512) per SWEEP
+#    configuration on it, twice;
 # 3. with TESTS=1 the GPU test files (test_cuda, test_cuda_hooks, test_bench,
 #    test_pick); with TEST_ENV, test_cuda.py under it; a memcheck of spark-tiny's decode
 #    under MEMCHECK_ENV (else TEST_ENV, else the default).
@@ -27,6 +29,14 @@ carried_start
 stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
 wait_model m4b2 120
 timeout 200 python3 bench/decode_check.py /tmp/m4b2 ${PREFILL_CHECK:+--prefill} ${CHECKS:-default} 2>&1 | grep -v "^spark: CUDA" | tee -a "$SUMMARY"
+if [ -n "${PREFILL_CHECK:-}" ]; then
+    for fmt in ${QFMTS:-}; do
+        stamp "check: the same model in $fmt, prefill and decode vs CPU"
+        timeout 60 "$SPARK_BIN" quantize /tmp/m4b2 /tmp/m4b2-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
+        timeout 200 python3 bench/decode_check.py /tmp/m4b2-$fmt.gguf --prefill ${CHECKS:-default} 2>&1 |
+            grep -v "^spark: CUDA" | tee -a "$SUMMARY"
+    done
+fi
 
 IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:}"
 # bench_ctx MODEL CTX LABEL VARS ROUND: cuda_bench's prefill / decode / generate lines, one note
@@ -37,17 +47,19 @@ bench_ctx() {
     note "$(basename "$1") ctx $2 $3 [$4] round $5: $line"
 }
 wait_model m4b 300
-for ctx in ${CTX:-32512}; do
+for ctx in ${CTX-32512}; do
     stamp "36 layers, ctx $ctx"
     for round in 1 2; do
         for cfg in "${CONFIGS[@]}"; do bench_ctx /tmp/m4b "$ctx" "${cfg%%:*}" "${cfg#*:}" $round; done
     done
 done
 for fmt in ${QFMTS:-}; do
-    stamp "36 layers in $fmt, ctx 512"
+    stamp "36 layers in $fmt, ctx ${QCTX:-512}"
     timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
     for round in 1 2; do
-        for cfg in "${CONFIGS[@]}"; do bench_ctx /tmp/m4b-$fmt.gguf 512 "${cfg%%:*}" "${cfg#*:}" $round; done
+        for ctx in ${QCTX:-512}; do
+            for cfg in "${CONFIGS[@]}"; do bench_ctx /tmp/m4b-$fmt.gguf "$ctx" "${cfg%%:*}" "${cfg#*:}" $round; done
+        done
     done
     rm -f /tmp/m4b-$fmt.gguf
 done

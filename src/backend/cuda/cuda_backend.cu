@@ -272,26 +272,43 @@ void cuda_destroy(backend *be)
     free(cb);
 }
 
-/* bf16 weights, many tokens: tensor-core GEMM on x = hi + lo (two bf16 halves). */
-void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *W, int64_t rows, int64_t cols, int n)
+/* x (n rows of cols) as a bf16 pair in cb->bf: *hi, then *lo. */
+static void split_x(cuda_backend *cb, const float *x, int64_t cols, int n, void **hi, void **lo)
 {
     size_t count = (size_t)n * (size_t)cols;
     char *pair = (char *)scratch(&cb->bf, &cb->bf_bytes, count * 4);
-    void *hi = pair, *lo = pair + count * 2;
-    CK(cu_split_bf16(cb->st, hi, lo, x, (int64_t)count));
-    const float one = 1.0f, zero = 0.0f;
+    *hi = pair, *lo = pair + count * 2;
+    CK(cu_split_bf16(cb->st, *hi, *lo, x, (int64_t)count));
+}
+
+/* out (+)= W . x on tensor cores, fp32 accumulation: W rows x cols and x n x
+ * cols, both bf16, row-major; out n x ldo (its rows), fp32. */
+static void gemm_ex(cuda_backend *cb, float *out, int64_t ldo, const void *W, const void *x, int64_t rows,
+                    int64_t cols, int n, float beta)
+{
+    const float one = 1.0f;
     /* column-major view: out^T (rows x n) = W (cols x rows)^T . x^T (cols x n) */
     CKB(cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n, (int)cols, &one, W, CUDA_R_16BF, (int)cols,
-                     hi, CUDA_R_16BF, (int)cols, &zero, out, CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT));
-    CKB(cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n, (int)cols, &one, W, CUDA_R_16BF, (int)cols,
-                     lo, CUDA_R_16BF, (int)cols, &one, out, CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
+                     x, CUDA_R_16BF, (int)cols, &beta, out, CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT));
 }
 
-/* Any other format, many tokens: SGEMM, on the weights themselves (f32) or
- * on panels of rows decoded to float32. */
-void gemm_f32(cuda_backend *cb, const cmd *c)
+/* bf16 weights, many tokens: x = hi + lo, two tensor-core GEMMs. */
+void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *W, int64_t rows, int64_t cols, int n)
+{
+    void *hi, *lo;
+    split_x(cb, x, cols, n, &hi, &lo);
+    gemm_ex(cb, out, rows, W, hi, rows, cols, n, 0.0f);
+    gemm_ex(cb, out, rows, W, lo, rows, cols, n, 1.0f);
+}
+
+/* Any other format, many tokens: panels of rows decoded to a bf16 pair
+ * (W = Wh + Wl to ~2^-16, exact for f16) and three tensor-core GEMMs,
+ * Wh xh + Wh xl + Wl xh (the dropped Wl xl is ~2^-18 of the product); or,
+ * with SPARK_CUDA_QGEMM=f32 (and for f32 weights), SGEMM on float32 panels:
+ * fp32 products of the decoded values, 1.6x (512 tokens) to 2.3x (8k) slower for the 4B on an
+ * H100 (bench/cuda_runs.md run 25). */
+void gemm_panels(cuda_backend *cb, const cmd *c)
 {
     const float one = 1.0f, zero = 0.0f;
     int64_t rows = c->rows, cols = c->cols;
@@ -300,15 +317,25 @@ void gemm_f32(cuda_backend *cb, const cmd *c)
                         (int)cols, c->x, (int)cols, &zero, c->out, (int)rows));
         return;
     }
-    int64_t per = (int64_t)(PANEL_BYTES / ((size_t)cols * sizeof(float)));
+    int64_t per = (int64_t)(PANEL_BYTES / ((size_t)cols * 4)); /* 4 bytes a weight either way */
     if (per < 1) per = 1;
     if (per > rows) per = rows;
-    float *panel = (float *)scratch((void **)&cb->panel, &cb->panel_bytes, (size_t)per * (size_t)cols * sizeof(float));
+    char *panel = (char *)scratch(&cb->panel, &cb->panel_bytes, (size_t)per * (size_t)cols * 4);
+    void *xh = NULL, *xl = NULL;
+    if (!cb->qgemm_f32) split_x(cb, c->x, cols, c->n, &xh, &xl);
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         int64_t pr = rows - r0 < per ? rows - r0 : per;
-        CK(cu_dequant_rows(cb->st, panel, c->w, c->dtype, r0, pr, cols, c->row_bytes));
-        CKB(cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)pr, c->n, (int)cols, &one, panel, (int)cols, c->x,
-                        (int)cols, &zero, c->out + r0, (int)rows));
+        if (cb->qgemm_f32) {
+            CK(cu_dequant_rows(cb->st, (float *)panel, c->w, c->dtype, r0, pr, cols, c->row_bytes));
+            CKB(cublasSgemm(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)pr, c->n, (int)cols, &one, (float *)panel,
+                            (int)cols, c->x, (int)cols, &zero, c->out + r0, (int)rows));
+            continue;
+        }
+        char *wh = panel, *wl = panel + (size_t)pr * (size_t)cols * 2;
+        CK(cu_dequant_rows_bf16x2(cb->st, wh, wl, c->w, c->dtype, r0, pr, cols, c->row_bytes));
+        gemm_ex(cb, c->out + r0, rows, wh, xh, pr, cols, c->n, 0.0f);
+        gemm_ex(cb, c->out + r0, rows, wh, xl, pr, cols, c->n, 1.0f);
+        gemm_ex(cb, c->out + r0, rows, wl, xh, pr, cols, c->n, 1.0f);
     }
 }
 
@@ -335,7 +362,7 @@ void run_cmd(cuda_backend *cb, const cmd *c)
         } else if (c->dtype == SPARK_DTYPE_BF16) {
             gemm_bf16(cb, c->out, c->x, c->w, c->rows, c->cols, c->n);
         } else {
-            gemm_f32(cb, c);
+            gemm_panels(cb, c);
         }
         return;
     case OP_ROPE:
@@ -980,6 +1007,8 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
         CK(cudaMalloc((void **)&cb->ropetab, ROPE_TABLES * CUDA_MAX_HEAD_DIM * sizeof(float)));
     cb->split_keys = sk && atoi(sk) > 0 ? atoi(sk) : SPLIT_MIN_KEYS;
     cb->verbose = getenv("SPARK_CUDA_VERBOSE") != NULL;
+    const char *qg = getenv("SPARK_CUDA_QGEMM");
+    cb->qgemm_f32 = qg && !strcmp(qg, "f32");
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */
     cb->pdl_early = !(pe && !strcmp(pe, "0"));
     /* one wave of split blocks: the kernel's registers leave one block an

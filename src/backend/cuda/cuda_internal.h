@@ -43,6 +43,10 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
 cudaError_t cu_dequant_rows(cudaStream_t st, float *panel, const void *w, int dtype, int64_t r0, int64_t prow,
                             int64_t cols, int64_t row_bytes);
 
+/* The same rows as a bf16 pair, hi = bf16(W), lo = bf16(W - hi) (bf16 panels of prow x cols each). */
+cudaError_t cu_dequant_rows_bf16x2(cudaStream_t st, void *hi, void *lo, const void *w, int dtype, int64_t r0,
+                                   int64_t prow, int64_t cols, int64_t row_bytes);
+
 /* hi = bf16(x), lo = bf16(x - hi): x == hi + lo to ~2^-16 relative. */
 cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count);
 

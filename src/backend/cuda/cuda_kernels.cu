@@ -217,10 +217,31 @@ __global__ void __launch_bounds__(256) gemv_groups_kernel(float *__restrict__ ou
     }
 }
 
-/* Grid-stride decode of rows into a float32 panel for cuBLAS: one thread per
+/* A value as a bf16 pair: hi = v rounded, lo = the rest rounded, so hi + lo
+ * holds 16 of v's 24 significant bits (exact for bf16 and f16 values). */
+__device__ __forceinline__ void split_bf16(float v, __nv_bfloat16 *hi, __nv_bfloat16 *lo)
+{
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    *hi = h;
+    *lo = __float2bfloat16_rn(v - __bfloat162float(h));
+}
+
+/* Where decoded weights go: a float32 panel (SGEMM) or a bf16 hi + lo pair
+ * of panels (tensor-core GEMMs). */
+struct panel_f32 {
+    float *p;
+    __device__ void put(int64_t i, float v) const { p[i] = v; }
+};
+struct panel_bf16x2 {
+    __nv_bfloat16 *hi, *lo;
+    __device__ void put(int64_t i, float v) const { split_bf16(v, hi + i, lo + i); }
+};
+
+/* Grid-stride decode of rows into a panel for cuBLAS: one thread per
  * 32-value group (row-major panel, contiguous per row). */
-__global__ void dequant_rows_kernel(float *panel, const uint8_t *w, int dtype, int64_t r0, int64_t prow,
-                                    int64_t cols, int64_t row_bytes)
+template <typename P>
+__global__ void dequant_rows_kernel(P panel, const uint8_t *w, int dtype, int64_t r0, int64_t prow, int64_t cols,
+                                    int64_t row_bytes)
 {
     int64_t groups = (cols + 31) / 32;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < prow * groups;
@@ -228,21 +249,44 @@ __global__ void dequant_rows_kernel(float *panel, const uint8_t *w, int dtype, i
         int64_t r = i / groups, g = i % groups;
         float y[32];
         dq32(dtype, w + (r0 + r) * row_bytes, g, cols, y);
-        float *dst = panel + r * cols + g * 32;
         int lim = cols - g * 32 < 32 ? (int)(cols - g * 32) : 32;
-        for (int k = 0; k < lim; k++) dst[k] = y[k];
+        for (int k = 0; k < lim; k++) panel.put(r * cols + g * 32 + k, y[k]);
+    }
+}
+
+/* The same for rows of whole groups (cols % 32 == 0), where a block's 256
+ * groups are one run of the panel: each thread decodes its group into
+ * shared memory, then the block stores the run, consecutive threads
+ * consecutive values. (A thread storing its own group stored 32 values
+ * 64-128 bytes apart from its neighbours' in each instruction: the 4B's
+ * Q8_0 prefill of 512 tokens took 146 ms with that, 60 ms with this, on an
+ * H100: bench/cuda_runs.md run 25.) */
+template <typename P>
+__global__ void __launch_bounds__(256) dequant_run_kernel(P panel, const uint8_t *w, int dtype, int64_t r0,
+                                                          int64_t prow, int64_t cols, int64_t row_bytes)
+{
+    __shared__ float run[256 * 33]; /* a group a row, padded: no bank conflicts either way */
+    const int64_t groups = cols / 32, total = prow * groups;
+    for (int64_t b0 = (int64_t)blockIdx.x * 256; b0 < total; b0 += (int64_t)gridDim.x * 256) {
+        const int64_t i = b0 + threadIdx.x;
+        if (i < total) {
+            float y[32];
+            dq32(dtype, w + (r0 + i / groups) * row_bytes, i % groups, cols, y);
+#pragma unroll
+            for (int k = 0; k < 32; k++) run[threadIdx.x * 33 + k] = y[k];
+        }
+        __syncthreads();
+        const int n = (int)(total - b0 < 256 ? total - b0 : 256) * 32;
+        for (int j = threadIdx.x; j < n; j += 256) panel.put(b0 * 32 + j, run[(j >> 5) * 33 + (j & 31)]);
+        __syncthreads();
     }
 }
 
 /* Element-wise, grid-stride: the hi/lo bf16 pair cuBLAS multiplies. */
 __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t count)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        __nv_bfloat16 h = __float2bfloat16_rn(v);
-        hi[i] = h;
-        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
-    }
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+        split_bf16(x[i], hi + i, lo + i);
 }
 
 /* ---- small ops ------------------------------------------------------------ */
@@ -714,13 +758,31 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
     return cudaGetLastError();
 }
 
+template <typename P>
+static cudaError_t launch_dequant(cudaStream_t st, P panel, const void *w, int dtype, int64_t r0, int64_t prow,
+                                  int64_t cols, int64_t row_bytes)
+{
+    int64_t work = prow * ((cols + 31) / 32);
+    if (cols % 32 == 0)
+        dequant_run_kernel<<<grid_for(work, 256), 256, 0, st>>>(panel, (const uint8_t *)w, dtype, r0, prow, cols,
+                                                               row_bytes);
+    else
+        dequant_rows_kernel<<<grid_for(work, 256), 256, 0, st>>>(panel, (const uint8_t *)w, dtype, r0, prow, cols,
+                                                                row_bytes);
+    return cudaGetLastError();
+}
+
 cudaError_t cu_dequant_rows(cudaStream_t st, float *panel, const void *w, int dtype, int64_t r0, int64_t prow,
                             int64_t cols, int64_t row_bytes)
 {
-    int64_t work = prow * ((cols + 31) / 32);
-    dequant_rows_kernel<<<grid_for(work, 256), 256, 0, st>>>(panel, (const uint8_t *)w, dtype, r0, prow, cols,
-                                                            row_bytes);
-    return cudaGetLastError();
+    return launch_dequant(st, panel_f32{panel}, w, dtype, r0, prow, cols, row_bytes);
+}
+
+cudaError_t cu_dequant_rows_bf16x2(cudaStream_t st, void *hi, void *lo, const void *w, int dtype, int64_t r0,
+                                   int64_t prow, int64_t cols, int64_t row_bytes)
+{
+    const panel_bf16x2 pair = {(__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo};
+    return launch_dequant(st, pair, w, dtype, r0, prow, cols, row_bytes);
 }
 
 cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count)

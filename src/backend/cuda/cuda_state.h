@@ -51,8 +51,9 @@ struct cuda_backend {
     size_t kvstage_bytes;
     void *bf;       /* activations as a bf16 pair (hi, then lo), for cuBLAS */
     size_t bf_bytes;
-    float *panel;   /* decoded weight rows, for cuBLAS */
+    void *panel;    /* decoded weight rows, for cuBLAS (a bf16 pair, or float32) */
     size_t panel_bytes;
+    int qgemm_f32;  /* decoded rows as float32 and SGEMM (SPARK_CUDA_QGEMM=f32), not bf16 pairs */
     int64_t *d_pos;  /* position of the current chunk's first token */
     int64_t pos_host; /* what d_pos holds (when pos_set) */
     int pos_set;
