@@ -2,14 +2,16 @@
  * cuda_bench.c — batch-1 decode and prefill timing of a spark session on
  * the CUDA backend (or the CPU with --cpu), through the public API only.
  *
- *   cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu]
+ *   cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] [--card-tbs B]
  *
  * Prefills P pseudo-random ids (timed, last-row logits), then decodes D
  * tokens one at a time with their logits copied back to the host (timed: the
  * real generation step, sampling excepted). Prints tokens/s, and against the
  * physical limit the bytes each decode step must read: every weight once,
  * plus the KV rows attention reads at the reached context (fp32 cache).
- * Floor = those bytes / 4.24 TB/s (the H200's measured copy bandwidth, issue 6).
+ * Floor = those bytes / 4.24 TB/s (the H200's measured copy bandwidth, issue 6);
+ * with --card-tbs B (the card's own copy probe, TB/s) a last "card:" line
+ * gives the decode and greedy rows against those bytes / B as well.
  * Then D tokens of greedy generation through spark_generate (no tokenizer:
  * ids only; EOS ignored), what `spark run --temp 0` does per token: with the
  * backend's device pick unless SPARK_PICK=0 (then logits copied back and
@@ -58,19 +60,22 @@ int main(int argc, char **argv)
     const char *path = NULL;
     long ctx = 4096, prefill = 512, decode = 128;
     int cpu = 0;
+    double card_bps = 0; /* --card-tbs: this card's probe, bytes/s */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atol(argv[++i]);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atol(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc) decode = atol(argv[++i]);
         else if (!strcmp(argv[i], "--cpu")) cpu = 1;
+        else if (!strcmp(argv[i], "--card-tbs") && i + 1 < argc) card_bps = atof(argv[++i]) * 1e12;
         else if (!path) path = argv[i];
         else {
-            fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu]\n");
+            fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] [--card-tbs B]\n");
             return 2;
         }
     }
-    if (!path || prefill < 1 || decode < 1 || prefill + 5 * decode + 16 > ctx) {
-        fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] (P + 5 D + 16 <= N)\n");
+    if (!path || prefill < 1 || decode < 1 || prefill + 5 * decode + 16 > ctx || card_bps < 0) {
+        fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] [--card-tbs B] "
+                        "(P + 5 D + 16 <= N)\n");
         return 2;
     }
     double t0 = now();
@@ -178,6 +183,12 @@ int main(int argc, char **argv)
     printf("generate (temperature 0.5, top-p 0.95, %s) %d tokens: %.3f ms/token, %.1f tok/s, %.1f%% of the floor\n",
            device_pick ? "backend candidates" : "SPARK_PICK=0: logits to the host sampler", hr.n_generated,
            t_sharp * 1e3, 1.0 / t_sharp, 100.0 * floor_s / t_sharp);
+    if (card_bps > 0) {
+        double card_s = (wbytes + kv) / card_bps;
+        printf("card: against this card's %.2f TB/s (floor %.3f ms, %.0f tok/s): decode %.1f%%, greedy generation "
+               "%.1f%%\n",
+               card_bps / 1e12, card_s * 1e3, 1.0 / card_s, 100.0 * card_s / step, 100.0 * card_s / t_gen);
+    }
     printf("RESULT prefill=%ld prefill_tok_s=%.1f decode_tok_s=%.2f ms_per_token=%.4f tb_s=%.3f pct_floor=%.1f\n", prefill,
            prefill / t_pre, 1.0 / step, step * 1e3, (wbytes + kv) / step / 1e12, 100.0 * floor_s / step);
     free(ids);

@@ -43,7 +43,8 @@ IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:}"
 bench_ctx() {
     local line
     line=$(env $(echo "$4" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" "$1" --ctx $(($2 + 788)) --prefill "$2" \
-        --decode 128 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(prefill|decode|generate \(greedy)|rror" | tr '\n' ' ')
+        --decode 128 ${CARD_TBS:+--card-tbs $CARD_TBS} 2>&1 | tee -a "$OUT/bench.log" |
+        grep -E "^(prefill|decode|generate \(greedy|card)|rror" | tr '\n' ' ')
     note "$(basename "$1") ctx $2 $3 [$4] round $5: $line"
 }
 wait_model m4b 300

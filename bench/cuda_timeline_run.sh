@@ -39,8 +39,8 @@ IFS=';' read -r -a CONFIGS <<<"${TLSWEEP:-default:}"
 bench_line() {
     local model=$1
     shift
-    env "$@" timeout 90 "$BIN/cuda_bench" "$model" --ctx 4096 --prefill 512 --decode 256 2>&1 |
-        tee -a "$OUT/bench.log" | grep -E "^(decode|generate)|rror" | head -5 | tr '\n' ' '
+    env "$@" timeout 90 "$BIN/cuda_bench" "$model" --ctx 4096 --prefill 512 --decode 256 ${CARD_TBS:+--card-tbs $CARD_TBS} 2>&1 |
+        tee -a "$OUT/bench.log" | grep -E "^(decode|generate|card)|rror" | head -6 | tr '\n' ' '
 }
 for cfg in "${CONFIGS[@]}"; do
     label=${cfg%%:*}

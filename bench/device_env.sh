@@ -79,14 +79,18 @@ wait_model() {
 }
 # The opening of a script that runs carried binaries: BIN made absolute, the
 # machine and GPU named, the models started, the carried binary checked, the
-# floor's bandwidth probed (WHAT, optional: said in the first line).
+# floor's bandwidth probed (WHAT, optional: said in the first line; the
+# probe's TB/s in CARD_TBS, for cuda_bench --card-tbs).
 carried_start() {
     BIN=$(readlink -f "$BIN")
     stamp "start${1:+ ($1)} on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
     start_models
     use_carried_bin
-    probe_copy_bandwidth 2>&1 | tail -1 | tee -a "$SUMMARY"
+    local probe
+    probe=$(probe_copy_bandwidth 2>&1 | tail -1)
+    note "$probe"
+    CARD_TBS=$(echo "$probe" | sed -n 's/.*= \([0-9.]*\) TB\/s.*/\1/p') # for cuda_bench --card-tbs
 }
 # The GPU test files a device script runs after its timings.
 GPU_TESTS="tests/py/test_cuda.py tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py"
