@@ -294,7 +294,7 @@ static void gemm_ex(cuda_backend *cb, float *out, int64_t ldo, const void *W, co
 }
 
 /* bf16 weights, many tokens: x = hi + lo, two tensor-core GEMMs. */
-void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *W, int64_t rows, int64_t cols, int n)
+static void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *W, int64_t rows, int64_t cols, int n)
 {
     void *hi, *lo;
     split_x(cb, x, cols, n, &hi, &lo);
@@ -305,10 +305,10 @@ void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *W, int6
 /* Any other format, many tokens: panels of rows decoded to a bf16 pair
  * (W = Wh + Wl to ~2^-16, exact for f16) and three tensor-core GEMMs,
  * Wh xh + Wh xl + Wl xh (the dropped Wl xl is ~2^-18 of the product); or,
- * with SPARK_CUDA_QGEMM=f32 (and for f32 weights), SGEMM on float32 panels:
- * fp32 products of the decoded values, 1.6x (512 tokens) to 2.3x (8k) slower for the 4B on an
- * H100 (bench/cuda_runs.md run 25). */
-void gemm_panels(cuda_backend *cb, const cmd *c)
+ * with SPARK_CUDA_QGEMM=f32 (and for f32 weights), SGEMM on float32
+ * panels: fp32 products of the decoded values, 1.6x (512 tokens) to 2.3x
+ * (8k) slower for the 4B on an H100 (bench/cuda_runs.md run 25). */
+static void gemm_panels(cuda_backend *cb, const cmd *c)
 {
     const float one = 1.0f, zero = 0.0f;
     int64_t rows = c->rows, cols = c->cols;
