@@ -3,7 +3,11 @@
  * the CUDA backend (or the CPU with --cpu), through the public API only.
  *
  *   cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] [--card-tbs B]
+ *   cuda_bench MODEL --sweep N1,N2,... [--cpu]
  *
+ * With --sweep: only prompts of each of those lengths, each prefilled three
+ * times from an empty context, the fastest printed (one "sweep" line each);
+ * what SPARK_CUDA_GEMV_TOKENS (GEMV or GEMM for a short prompt) is tuned by.
  * Prefills P pseudo-random ids (timed, last-row logits), then decodes D
  * tokens one at a time with their logits copied back to the host (timed: the
  * real generation step, sampling excepted). Prints tokens/s, and against the
@@ -37,6 +41,18 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A positive number, the whole argument, or the usage. */
+static double number_arg(const char *flag, const char *text)
+{
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end || !(v > 0)) {
+        fprintf(stderr, "cuda_bench: %s wants a positive number, got '%s'\n", flag, text);
+        exit(2);
+    }
+    return v;
+}
+
 static void die(const char *what)
 {
     fprintf(stderr, "cuda_bench: %s: %s\n", what, spark_last_error());
@@ -55,24 +71,80 @@ static double kv_bytes(const spark_model_config *c, int64_t pos)
     return total;
 }
 
+/* --sweep: the fastest of three prefills of each listed length. */
+static int run_sweep(const char *path, const char *list, int cpu)
+{
+    long lens[64];
+    int count = 0;
+    long longest = 0;
+    for (const char *p = list; *p && count < 64;) {
+        char *end;
+        long n = strtol(p, &end, 10);
+        if (end == p || n < 1 || (*end && *end != ',')) {
+            fprintf(stderr, "cuda_bench: --sweep wants lengths like 8,16,32, got '%s'\n", list);
+            return 2;
+        }
+        lens[count++] = n;
+        if (n > longest) longest = n;
+        p = *end ? end + 1 : end;
+    }
+    if (!path || count == 0) {
+        fprintf(stderr, "usage: cuda_bench MODEL --sweep N1,N2,... [--cpu]\n");
+        return 2;
+    }
+    spark_model *model;
+    if (spark_model_load(path, &model) != SPARK_OK) die("load");
+    const spark_model_config *c = spark_model_get_config(model);
+    spark_session_options o = spark_session_default_options();
+    o.n_ctx = (int32_t)(longest + 32);
+    o.backend = cpu ? SPARK_BACKEND_CPU : SPARK_BACKEND_CUDA;
+    spark_session *s;
+    if (spark_session_create(model, &o, &s) != SPARK_OK) die("session");
+    int32_t *ids = malloc((size_t)(longest + 16) * sizeof(int32_t));
+    float *logits = malloc((size_t)c->n_vocab * sizeof(float));
+    for (long i = 0; i < longest + 16; i++) ids[i] = 3 + (int32_t)((i * 7919) % (c->n_vocab - 3));
+    if (spark_session_eval(s, ids, 16, logits, 0) != SPARK_OK) die("warm-up");
+    const char *gt = getenv("SPARK_CUDA_GEMV_TOKENS");
+    for (int k = 0; k < count; k++) {
+        double best = 1e30;
+        for (int rep = 0; rep < 3; rep++) {
+            spark_session_reset(s);
+            double a = now();
+            if (spark_session_eval(s, ids, (int32_t)lens[k], logits, 0) != SPARK_OK) die("prefill");
+            double t = now() - a;
+            if (t < best) best = t;
+        }
+        printf("sweep %ld tokens [SPARK_CUDA_GEMV_TOKENS=%s]: %.2f ms, %.0f tok/s\n", lens[k], gt ? gt : "default",
+               best * 1e3, lens[k] / best);
+    }
+    free(ids);
+    free(logits);
+    spark_session_free(s);
+    spark_model_free(model);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = NULL;
     long ctx = 4096, prefill = 512, decode = 128;
     int cpu = 0;
     double card_bps = 0; /* --card-tbs: this card's probe, bytes/s */
+    const char *sweep = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atol(argv[++i]);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atol(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc) decode = atol(argv[++i]);
         else if (!strcmp(argv[i], "--cpu")) cpu = 1;
-        else if (!strcmp(argv[i], "--card-tbs") && i + 1 < argc) card_bps = atof(argv[++i]) * 1e12;
+        else if (!strcmp(argv[i], "--card-tbs") && i + 1 < argc) card_bps = number_arg("--card-tbs", argv[i + 1]) * 1e12, i++;
+        else if (!strcmp(argv[i], "--sweep") && i + 1 < argc) sweep = argv[++i];
         else if (!path) path = argv[i];
         else {
             fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] [--card-tbs B]\n");
             return 2;
         }
     }
+    if (sweep) return run_sweep(path, sweep, cpu);
     if (!path || prefill < 1 || decode < 1 || prefill + 5 * decode + 16 > ctx || card_bps < 0) {
         fprintf(stderr, "usage: cuda_bench MODEL [--ctx N] [--prefill P] [--decode D] [--cpu] [--card-tbs B] "
                         "(P + 5 D + 16 <= N)\n");

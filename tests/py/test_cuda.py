@@ -195,14 +195,32 @@ def test_spark_tiny_formats_match_cpu(gpu, fmt, tmp_path):
           cpu[:24])
 
 
-def test_spark_tiny_prefill_float32_panels_match_cpu(gpu, tmp_path, monkeypatch):
-    """SPARK_CUDA_QGEMM=f32: quantized rows decoded to float32 and SGEMM (the
-    other prefill path of a block format), on requantized q4_k weights."""
-    path = tmp_path / "tiny-q4_k.gguf"
-    run_spark(["quantize", TINY, path, "--type", "q4_k", "-q"])
+# A block format's other prefill paths, each forced by its environment, and
+# what SPARK_CUDA_VERBOSE must then report of the 96-token products.
+PREFILL_PATHS = {
+    "float32 panels": ({"SPARK_CUDA_QGEMM": "f32", "SPARK_CUDA_GEMV_TOKENS": "1"}, "gemm"),  # rows as float32, SGEMM
+    "gemv": ({"SPARK_CUDA_GEMV_TOKENS": "512"}, "gemv"),  # 96 tokens as GEMVs, four at a time
+    "gemm": ({"SPARK_CUDA_GEMV_TOKENS": "1"}, "gemm"),  # every product of 2+ tokens through cuBLAS
+}
+
+
+@pytest.mark.parametrize("route", list(PREFILL_PATHS))
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_spark_tiny_prefill_paths_match_cpu(gpu, fmt, route, tmp_path, monkeypatch):
+    path = tmp_path / f"tiny-{fmt}.gguf"
+    run_spark(["quantize", TINY, path, "--type", fmt, "-q"])
     cpu = logits(tmp_path, path, TINY_IDS, "--all")
-    monkeypatch.setenv("SPARK_CUDA_QGEMM", "f32")
-    check("spark-tiny q4_k prefill (float32 panels)", logits(tmp_path, path, TINY_IDS, "--all", "--gpu"), cpu, tol=1e-4)
+    env, kind = PREFILL_PATHS[route]
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
+    out = tmp_path / "paths.npy"
+    proc = run_spark(["logits", path, "--ids", ",".join(map(str, TINY_IDS)), "--out", out, "--all", "--gpu"])
+    counts = proc.stderr.split("products of 2+ tokens: ")[-1].split(",")
+    gemv, gemm = int(counts[0].split()[0]), int(counts[1].split()[0])
+    ran = gemv if kind == "gemv" else gemm
+    assert ran > 0 and gemv + gemm == ran, f"{route}: {gemv} GEMV / {gemm} GEMM products\n{proc.stderr[-600:]}"
+    check(f"spark-tiny {fmt} prefill ({route})", np.load(out), cpu, tol=1e-4)
 
 
 FG_DTYPE = {"q8_0": 3, "q4_k": 5}  # the CU_ dtype codes SPARK_CUDA_FG_SHOW prints

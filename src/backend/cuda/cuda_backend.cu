@@ -13,12 +13,13 @@
  *   n == 1, bf16 weights           fgemv (the fast decode path, SPARK_CUDA_FAST=0
  *                                  turns it off); inside a recorded decode step
  *                                  fused with its neighbours (see fuse);
- *   n <= 2 * CUDA_GEMV_MAX_TOKENS  GEMV kernels (cuda_kernels.cu), fp32 x;
+ *   a few tokens (gemv_limit)      GEMV kernels (cuda_kernels.cu), fp32 x;
  *   bf16 weights, more tokens      cuBLAS bf16 tensor-core GEMM, run twice on
  *                                  x split as bf16 hi + lo, fp32 accumulate:
  *                                  as exact as fp32 x to ~2^-16;
  *   f32 weights                    cuBLAS SGEMM;
- *   f16 and block formats          rows decoded to a float32 panel, SGEMM.
+ *   f16 and block formats          rows decoded to bf16 hi + lo panels, three
+ *                                  tensor-core GEMMs (gemm_panels).
  * All work goes to one stream; `download` is the only synchronization.
  * CUDA failures inside an op are bugs or a dying device: they abort with
  * the call, error and location named. A single-token step's ops are
@@ -232,9 +233,9 @@ void cuda_destroy(backend *be)
         fprintf(stderr,
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
                 "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches; "
-                "one-launch attention (cluster %d): %ld launches\n",
+                "one-launch attention (cluster %d): %ld launches; products of 2+ tokens: %ld GEMV, %ld GEMM\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
-                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs);
+                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->gemv_products, cb->gemm_products);
     if (cb->verbose && cb->host_steps)
         fprintf(stderr,
                 "spark: CUDA host time per decode step (%ld steps, %zu commands of %zu bytes): recording "
@@ -339,6 +340,15 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
     }
 }
 
+/* The most tokens a product runs as GEMVs (weights streamed once per
+ * CUDA_GEMV_MAX_TOKENS) rather than as a GEMM. */
+static int gemv_limit(const cuda_backend *cb, int dtype)
+{
+    if (cb->gemv_tokens > 0) return cb->gemv_tokens;
+    (void)dtype;
+    return 2 * CUDA_GEMV_MAX_TOKENS;
+}
+
 /* Launch one command's work on the stream (or into the graph being captured:
  * then nothing here may allocate or synchronize, and nothing does for the
  * single-token commands a decode step is made of). */
@@ -353,15 +363,18 @@ void run_cmd(cuda_backend *cb, const cmd *c)
             ((uintptr_t)c->x % 16) == 0) {
             cu_fgemv_args a = fgemv_of_matmul(c);
             CK(cu_fgemv(st, &a, cb->sms, cb->pdl_now));
-        } else if (c->n <= 2 * CUDA_GEMV_MAX_TOKENS) { /* decode: stream the weights once per 4 tokens */
+        } else if (c->n <= gemv_limit(cb, c->dtype)) { /* stream the weights once per 4 tokens */
+            cb->gemv_products += c->n > 1;
             for (int t0 = 0; t0 < c->n; t0 += CUDA_GEMV_MAX_TOKENS) {
                 int nt = c->n - t0 < CUDA_GEMV_MAX_TOKENS ? c->n - t0 : CUDA_GEMV_MAX_TOKENS;
                 CK(cu_gemv(st, c->out + (int64_t)t0 * c->rows, c->x + (int64_t)t0 * c->cols, c->w, c->dtype, c->rows,
                            c->cols, c->row_bytes, nt));
             }
         } else if (c->dtype == SPARK_DTYPE_BF16) {
+            cb->gemm_products++;
             gemm_bf16(cb, c->out, c->x, c->w, c->rows, c->cols, c->n);
         } else {
+            cb->gemm_products++;
             gemm_panels(cb, c);
         }
         return;
@@ -1009,6 +1022,8 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->verbose = getenv("SPARK_CUDA_VERBOSE") != NULL;
     const char *qg = getenv("SPARK_CUDA_QGEMM");
     cb->qgemm_f32 = qg && !strcmp(qg, "f32");
+    const char *gt = getenv("SPARK_CUDA_GEMV_TOKENS");
+    cb->gemv_tokens = gt && atoi(gt) > 0 ? atoi(gt) : 0;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */
     cb->pdl_early = !(pe && !strcmp(pe, "0"));
     /* one wave of split blocks: the kernel's registers leave one block an

@@ -54,6 +54,9 @@ struct cuda_backend {
     void *panel;    /* decoded weight rows, for cuBLAS (a bf16 pair, or float32) */
     size_t panel_bytes;
     int qgemm_f32;  /* decoded rows as float32 and SGEMM (SPARK_CUDA_QGEMM=f32), not bf16 pairs */
+    int gemv_tokens; /* products of at most this many tokens run as GEMVs, not GEMMs
+                      * (SPARK_CUDA_GEMV_TOKENS; 0: each format's default, gemv_limit) */
+    long gemv_products, gemm_products; /* products of 2+ tokens run each way (SPARK_CUDA_VERBOSE) */
     int64_t *d_pos;  /* position of the current chunk's first token */
     int64_t pos_host; /* what d_pos holds (when pos_set) */
     int pos_set;

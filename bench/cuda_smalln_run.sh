@@ -1,0 +1,42 @@
+#!/bin/bash
+# cuda_smalln_run.sh — one device call: short prompts (a chat turn, a tool
+# result) through the two product paths, GEMVs (weights streamed once per 4
+# tokens) against GEMMs (cuBLAS; block formats decoded to bf16 panels first),
+# on the 36-layer 4B shape in bf16 and quantized here to each of QFMTS;
+# binaries built here and carried (bench/cuda_carry.sh):
+#
+#   BIN=.carry [LENS=2,4,...] [QFMTS="q8_0 q4_k"] [MODES="1 default 512"] [TESTK=expr] \
+#       bash bench/cuda_smalln_run.sh
+#
+# For each model and each MODES value (SPARK_CUDA_GEMV_TOKENS: 1 = every
+# product of 2+ tokens a GEMM, 512 = GEMVs up to 512 tokens, default = the
+# backend's own choice), `cuda_bench --sweep LENS`: the fastest of three
+# prefills of each length. With TESTK, the test_cuda.py tests it selects.
+set -u
+OUT=${OUT:-/tmp/cuda-smalln}
+BIN=${BIN:-.carry}
+. "$(dirname "$0")/device_env.sh"
+carried_start "short prompts: GEMV or GEMM"
+LENS=${LENS:-2,4,8,12,16,24,32,48,64,96,128,192,256}
+sweep_model() {
+    for mode in ${MODES:-1 default 512}; do
+        local env=()
+        [ "$mode" != default ] && env=(SPARK_CUDA_GEMV_TOKENS=$mode)
+        env "${env[@]}" timeout 200 "$BIN/cuda_bench" "$1" --sweep "$LENS" 2>&1 | tee -a "$OUT/bench.log" |
+            grep -E "^sweep|rror" | sed "s|^|$(basename "$1") |" | tee -a "$SUMMARY"
+    done
+}
+wait_model m4b 300
+stamp "36 layers, bf16"
+sweep_model /tmp/m4b
+for fmt in ${QFMTS-q8_0 q4_k}; do
+    stamp "36 layers in $fmt"
+    timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
+    sweep_model /tmp/m4b-$fmt.gguf
+    rm -f /tmp/m4b-$fmt.gguf
+done
+if [ -n "${TESTK:-}" ]; then
+    stamp "test_cuda.py -k $TESTK"
+    gpu_tests "$OUT/tests.log" "tests/py/test_cuda.py -k $TESTK"
+fi
+stamp done
