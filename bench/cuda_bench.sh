@@ -57,7 +57,7 @@ export SPARK_BIN=$ROOT/$SPARK
 
 # ---- probe --------------------------------------------------------------------
 stamp probe
-probe_copy_bandwidth 2>&1 | tee -a "$SUMMARY"
+probe_card
 
 
 # ---- ab: the fast decode path against the first kernels, in one call ----------
@@ -75,7 +75,7 @@ if [ "$MODE" = ab ]; then
 
     stamp "ab: bench (36 layers)"
     nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks before: /' | tee -a "$SUMMARY"
-    bench() { timeout "$1" build-gpu/cuda_bench /tmp/m4b "${@:2}" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(model|prefill|decode)|error|rror" | tee -a "$SUMMARY"; }
+    bench() { timeout "$1" build-gpu/cuda_bench /tmp/m4b "${@:2}" ${CARD_TBS:+--card-tbs $CARD_TBS} 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(model|prefill|decode|card)|error|rror" | tee -a "$SUMMARY"; }
     note "-- fast path (default):"
     bench 60 --ctx 4096 --prefill 512 --decode 256
     note "-- first kernels (SPARK_CUDA_FAST=0):"
@@ -168,7 +168,7 @@ stamp "bench: writing the 36-layer model"
 timeout 240 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 2>&1 | tee -a "$SUMMARY"
 stamp bench
 nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader | sed 's/^/clocks before: /' | tee -a "$SUMMARY"
-bench() { timeout "$1" build-gpu/cuda_bench /tmp/m4b "${@:2}" 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(RESULT|model|prefill|decode)|error" | tee -a "$SUMMARY"; }
+bench() { timeout "$1" build-gpu/cuda_bench /tmp/m4b "${@:2}" ${CARD_TBS:+--card-tbs $CARD_TBS} 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(RESULT|model|prefill|decode|card)|error" | tee -a "$SUMMARY"; }
 bench 120 --ctx 4096 --prefill 512 --decode 256
 note "(the same without decode graphs:)"
 SPARK_CUDA_GRAPH=0 bench 120 --ctx 4096 --prefill 512 --decode 256

@@ -87,10 +87,14 @@ carried_start() {
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
     start_models
     use_carried_bin
+    probe_card
+}
+# probe_card: the copy probe noted, its TB/s kept in CARD_TBS (for cuda_bench --card-tbs).
+probe_card() {
     local probe
     probe=$(probe_copy_bandwidth 2>&1 | tail -1)
     note "$probe"
-    CARD_TBS=$(echo "$probe" | sed -n 's/.*= \([0-9.]*\) TB\/s.*/\1/p') # for cuda_bench --card-tbs
+    CARD_TBS=$(echo "$probe" | sed -n 's/.*= \([0-9.]*\) TB\/s.*/\1/p')
 }
 # The GPU test files a device script runs after its timings.
 GPU_TESTS="tests/py/test_cuda.py tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py"
