@@ -5,12 +5,12 @@
 # on the 36-layer 4B shape in bf16 and quantized here to each of QFMTS;
 # binaries built here and carried (bench/cuda_carry.sh):
 #
-#   BIN=.carry [LENS=2,4,...] [QFMTS="q8_0 q4_k"] [MODES="1 default 512"] [TESTK=expr] \
+#   BIN=.carry [LENS=2,4,...] [QFMTS="q8_0 q4_k"] [MODES="default;VAR=V,..."] [TESTK=expr] \
 #       bash bench/cuda_smalln_run.sh
 #
-# For each model and each MODES value (SPARK_CUDA_GEMV_TOKENS: 1 = every
-# product of 2+ tokens a GEMM, 512 = GEMVs up to 512 tokens, default = the
-# backend's own choice), `cuda_bench --sweep LENS`: the fastest of three
+# For each model and each MODES environment (default: the backend's own
+# choice, SPARK_CUDA_GEMV_TOKENS=1: every product of 2+ tokens a GEMM, =512:
+# GEMVs up to 512 tokens), `cuda_bench --sweep LENS`: the fastest of three
 # prefills of each length. With TESTK, the test_cuda.py tests it selects.
 set -u
 OUT=${OUT:-/tmp/cuda-smalln}
@@ -18,12 +18,14 @@ BIN=${BIN:-.carry}
 . "$(dirname "$0")/device_env.sh"
 carried_start "short prompts: GEMV or GEMM"
 LENS=${LENS:-2,4,8,12,16,24,32,48,64,96,128,192,256}
+# MODES: ';'-separated environments (VAR=V,VAR=V; "default": none), one sweep each
 sweep_model() {
-    for mode in ${MODES:-1 default 512}; do
-        local env=()
-        [ "$mode" != default ] && env=(SPARK_CUDA_GEMV_TOKENS=$mode)
-        env "${env[@]}" timeout 200 "$BIN/cuda_bench" "$1" --sweep "$LENS" 2>&1 | tee -a "$OUT/bench.log" |
-            grep -E "^sweep|rror" | sed "s|^|$(basename "$1") |" | tee -a "$SUMMARY"
+    IFS=';' read -r -a modes <<<"${MODES:-default;SPARK_CUDA_GEMV_TOKENS=1;SPARK_CUDA_GEMV_TOKENS=512}"
+    for mode in "${modes[@]}"; do
+        local vars=""
+        [ "$mode" != default ] && vars=$(echo "$mode" | tr ',' ' ')
+        env $vars timeout 200 "$BIN/cuda_bench" "$1" --sweep "$LENS" 2>&1 | tee -a "$OUT/bench.log" |
+            grep -E "^sweep|rror" | sed "s|^|$(basename "$1") [$mode] |" | tee -a "$SUMMARY"
     done
 }
 wait_model m4b 300

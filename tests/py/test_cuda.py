@@ -200,6 +200,7 @@ def test_spark_tiny_formats_match_cpu(gpu, fmt, tmp_path):
 PREFILL_PATHS = {
     "float32 panels": ({"SPARK_CUDA_QGEMM": "f32", "SPARK_CUDA_GEMV_TOKENS": "1"}, "gemm"),  # rows as float32, SGEMM
     "gemv": ({"SPARK_CUDA_GEMV_TOKENS": "512"}, "gemv"),  # 96 tokens as GEMVs, four at a time
+    "gemv groups": ({"SPARK_CUDA_GEMV_TOKENS": "512", "SPARK_CUDA_QGEMV": "groups"}, "gemv"),  # a group a lane
     "gemm": ({"SPARK_CUDA_GEMV_TOKENS": "1"}, "gemm"),  # every product of 2+ tokens through cuBLAS
 }
 

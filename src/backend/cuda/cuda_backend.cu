@@ -1022,6 +1022,8 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->verbose = getenv("SPARK_CUDA_VERBOSE") != NULL;
     const char *qg = getenv("SPARK_CUDA_QGEMM");
     cb->qgemm_f32 = qg && !strcmp(qg, "f32");
+    const char *qv = getenv("SPARK_CUDA_QGEMV"); /* =groups: the few-token Q8_0 / Q4_K products as before */
+    cu_gemv_units(!(qv && !strcmp(qv, "groups")));
     const char *gt = getenv("SPARK_CUDA_GEMV_TOKENS");
     cb->gemv_tokens = gt && atoi(gt) > 0 ? atoi(gt) : 0;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */

@@ -38,6 +38,9 @@ cudaError_t cu_repack_rows(cudaStream_t st, void *dst, const void *src, int dtyp
  * W: rows x cols in `dtype`, row_bytes apart. */
 cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, int dtype, int64_t rows,
                     int64_t cols, int64_t row_bytes, int n);
+/* Whether cu_gemv reads Q8_0 / Q4_K rows in 16-byte units (1, the default)
+ * or a 32-value group a lane, as the other block formats (0). */
+void cu_gemv_units(int on);
 
 /* panel[r, c] = W[r0 + r, c] as float32, for r < prow. */
 cudaError_t cu_dequant_rows(cudaStream_t st, float *panel, const void *w, int dtype, int64_t r0, int64_t prow,

@@ -182,6 +182,81 @@ __global__ void __launch_bounds__(256) gemv_vec_kernel(float *__restrict__ out, 
     }
 }
 
+/* Q8_0 and Q4_K in the device layout (cu_repack_rows), a few tokens: as
+ * gemv_vec_kernel, one warp per row sweeping its quants in 16-byte units,
+ * U of them in flight a lane. A Q8_0 unit is 16 values of one block (its
+ * f16 scale follows the row's quants); a Q4_K unit is one 32-value
+ * sub-block, byte t holding values t and 16 + t, so both decode in column
+ * order against contiguous x. Each unit's products are summed before its
+ * scale (and Q4_K's min) is applied. */
+template <int FMT, int NT, int U>
+__global__ void __launch_bounds__(256) gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x,
+                                                         const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
+                                                         int64_t row_bytes)
+{
+    constexpr int VALS = FMT == CU_Q8_0 ? 16 : 32; /* values a 16-byte unit holds */
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    const uint8_t *wr = w + row * row_bytes;
+    const uint4 *units = (const uint4 *)wr;
+    int64_t nunits = cols / VALS;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int64_t base = lane; base < nunits; base += (int64_t)WARP * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t i = base + (int64_t)u * WARP;
+            if (i < nunits) v[u] = __ldcs(units + i); /* streamed once: don't keep in L2 */
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t i = base + (int64_t)u * WARP;
+            if (i >= nunits) break;
+            const uint32_t p[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+            float scale, shift = 0.0f;
+            if constexpr (FMT == CU_Q8_0) {
+                scale = h2f(__ldg((const unsigned short *)(wr + cols) + i / 2));
+            } else {
+                const uint8_t *hdr = wr + cols / 2 + (i / 8) * 16;
+                int sc, mn;
+                q4k_scale_min(hdr + 4, (int)(i % 8), &sc, &mn);
+                scale = h2f(ld16(hdr)) * (float)sc;
+                shift = h2f(ld16(hdr + 2)) * (float)mn;
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float4 *xv = (const float4 *)(x + t * cols + i * VALS);
+                float dot = 0.0f, xsum = 0.0f;
+#pragma unroll
+                for (int k = 0; k < VALS / 4; k++) {
+                    float4 a = __ldg(xv + k);
+                    float q[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int c = 4 * k + e; /* the value's column within the unit */
+                        if constexpr (FMT == CU_Q8_0)
+                            q[e] = (float)(int8_t)(p[c / 4] >> (8 * (c % 4)));
+                        else
+                            q[e] = (float)((p[(c % 16) / 4] >> (8 * (c % 4) + (c < 16 ? 0 : 4))) & 0x0F);
+                    }
+                    dot = fmaf(q[0], a.x, fmaf(q[1], a.y, fmaf(q[2], a.z, fmaf(q[3], a.w, dot))));
+                    if constexpr (FMT == CU_Q4_K) xsum += (a.x + a.y) + (a.z + a.w);
+                }
+                acc[t] = fmaf(scale, dot, acc[t]);
+                if constexpr (FMT == CU_Q4_K) acc[t] = fmaf(-shift, xsum, acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0) out[t * rows + row] = s;
+    }
+}
+
 /* Block formats (and odd-sized plain rows): one warp per row, each lane
  * decodes whole 32-value groups; neighbouring lanes read neighbouring
  * blocks, so a warp still sweeps the row front to back. */
@@ -704,6 +779,29 @@ void launch_vec_n(cudaStream_t st, float *out, const float *x, const uint8_t *w,
     }
 }
 
+template <int FMT, int NT>
+void launch_quant(cudaStream_t st, float *out, const float *x, const uint8_t *w, int64_t rows, int64_t cols,
+                  int64_t row_bytes)
+{
+    const int warps = 8;
+    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    gemv_quant_kernel<FMT, NT, 4><<<blocks, warps * WARP, 0, st>>>(out, x, w, rows, cols, row_bytes);
+}
+
+template <int FMT>
+void launch_quant_n(cudaStream_t st, float *out, const float *x, const uint8_t *w, int64_t rows, int64_t cols,
+                    int64_t row_bytes, int n)
+{
+    switch (n) {
+    case 1: launch_quant<FMT, 1>(st, out, x, w, rows, cols, row_bytes); break;
+    case 2: launch_quant<FMT, 2>(st, out, x, w, rows, cols, row_bytes); break;
+    case 3: launch_quant<FMT, 3>(st, out, x, w, rows, cols, row_bytes); break;
+    default: launch_quant<FMT, 4>(st, out, x, w, rows, cols, row_bytes); break;
+    }
+}
+
+int gemv_quant_units = 1; /* SPARK_CUDA_QGEMV=groups: Q8_0 / Q4_K through gemv_groups_kernel (cu_gemv_tune) */
+
 int att_warps_env = -1;
 
 template <int E, int GMAX>
@@ -733,6 +831,8 @@ void launch_attention_g(cudaStream_t st, const cu_attn_args *a)
 
 } // namespace
 
+void cu_gemv_units(int on) { gemv_quant_units = on; }
+
 cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, int dtype, int64_t rows,
                     int64_t cols, int64_t row_bytes, int n)
 {
@@ -749,6 +849,15 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
     }
     const int warps = 8;
     unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    /* the unit kernel needs every row's quants in whole 16-byte units, aligned */
+    const int units_ok = gemv_quant_units && (dtype == CU_Q8_0 || dtype == CU_Q4_K) && row_bytes % 16 == 0 &&
+                         ((uintptr_t)w % 16) == 0 && ((uintptr_t)x % 16) == 0 &&
+                         cols % (dtype == CU_Q8_0 ? 32 : 256) == 0;
+    if (units_ok) {
+        if (dtype == CU_Q8_0) launch_quant_n<CU_Q8_0>(st, out, x, wb, rows, cols, row_bytes, n);
+        else launch_quant_n<CU_Q4_K>(st, out, x, wb, rows, cols, row_bytes, n);
+        return cudaGetLastError();
+    }
     switch (n) {
     case 1: gemv_groups_kernel<1><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
     case 2: gemv_groups_kernel<2><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
