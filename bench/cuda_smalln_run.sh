@@ -11,7 +11,8 @@
 # For each model and each MODES environment (default: the backend's own
 # choice, SPARK_CUDA_GEMV_TOKENS=1: every product of 2+ tokens a GEMM, =512:
 # GEMVs up to 512 tokens), `cuda_bench --sweep LENS`: the fastest of three
-# prefills of each length. With TESTK, the test_cuda.py tests it selects.
+# prefills of each length. With TESTK, the test_cuda.py tests it selects;
+# with MEMCHECK=1, spark-tiny's prefill under compute-sanitizer.
 set -u
 OUT=${OUT:-/tmp/cuda-smalln}
 BIN=${BIN:-.carry}
@@ -40,5 +41,11 @@ done
 if [ -n "${TESTK:-}" ]; then
     stamp "test_cuda.py -k $TESTK"
     gpu_tests "$OUT/tests.log" "tests/py/test_cuda.py -k $TESTK"
+fi
+if [ -n "${MEMCHECK:-}" ]; then
+    stamp "memcheck: spark-tiny prefill, 24 tokens (stacked GEMMs)"
+    env SPARK_CUDA_VERBOSE=1 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+        "$SPARK_BIN" logits models/spark-tiny --ids $(seq -s, 3 26) --all --gpu --out /tmp/s.npy >"$OUT/sanitizer.log" 2>&1
+    note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1); $(grep -o 'products of 2+ tokens.*' "$OUT/sanitizer.log")"
 fi
 stamp done

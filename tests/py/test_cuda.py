@@ -166,12 +166,35 @@ def test_attention_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch):
     check(f"decode (split kernels) {m.name} vs cpu", off, cpu)
 
 
-@pytest.mark.parametrize("batch", ["5", "13"])
+@pytest.mark.parametrize("batch", ["3", "13"])
 def test_chunked_prefill_matches_cpu(models, batch, tmp_path):
-    """Chunks of 5 run the GEMV path (n <= 8), chunks of 13 cuBLAS with a short tail."""
+    """Chunks of 3 run the GEMV path (bf16: n <= 4), chunks of 13 cuBLAS with a short tail."""
     m = models[("d256_gqa4_w16", "bf16")]
     cpu = logits(tmp_path, m.hf, m.ids, "--all")
     check(f"prefill --batch {batch} {m.name}", logits(tmp_path, m.hf, m.ids, "--all", "--batch", batch, "--gpu"), cpu)
+
+
+def gemm_counts(stderr):
+    """(GEMV, GEMM, stacked GEMM) products of 2+ tokens, from SPARK_CUDA_VERBOSE's last line."""
+    text = stderr.split("products of 2+ tokens: ")[-1]
+    gemv, rest = text.split(" GEMV, ")
+    gemm, rest = rest.split(" GEMM (")
+    return int(gemv), int(gemm), int(rest.split()[0])
+
+
+@pytest.mark.parametrize("stack", ["256", "0"])
+def test_bf16_prefill_stacked_or_separate_matches_cpu(models, stack, tmp_path, monkeypatch):
+    """x hi and lo against W in one GEMM of 2n columns (default for a few
+    tokens) or as two products (SPARK_CUDA_STACK_TOKENS=0, as for long prompts)."""
+    m = models[("d256_gqa4_w16", "bf16")]
+    cpu = logits(tmp_path, m.hf, m.ids, "--all")
+    monkeypatch.setenv("SPARK_CUDA_STACK_TOKENS", stack)
+    monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
+    out = tmp_path / "stack.npy"
+    proc = run_spark(["logits", m.hf, "--ids", ",".join(map(str, m.ids)), "--out", out, "--all", "--gpu"])
+    gemv, gemm, stacked = gemm_counts(proc.stderr)
+    assert gemm > 0 and stacked == (gemm if stack != "0" else 0), proc.stderr[-600:]
+    check(f"prefill {m.name} (stack {stack})", np.load(out), cpu)
 
 
 TINY_IDS = [int(i) for i in np.random.default_rng(7).integers(3, 4000, 96)]
@@ -202,6 +225,7 @@ PREFILL_PATHS = {
     "gemv": ({"SPARK_CUDA_GEMV_TOKENS": "512"}, "gemv"),  # 96 tokens as GEMVs, four at a time
     "gemv groups": ({"SPARK_CUDA_GEMV_TOKENS": "512", "SPARK_CUDA_QGEMV": "groups"}, "gemv"),  # a group a lane
     "gemm": ({"SPARK_CUDA_GEMV_TOKENS": "1"}, "gemm"),  # every product of 2+ tokens through cuBLAS
+    "gemm separate": ({"SPARK_CUDA_STACK_TOKENS": "0"}, "gemm"),  # three products, as for long prompts
 }
 
 
@@ -217,10 +241,11 @@ def test_spark_tiny_prefill_paths_match_cpu(gpu, fmt, route, tmp_path, monkeypat
     monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
     out = tmp_path / "paths.npy"
     proc = run_spark(["logits", path, "--ids", ",".join(map(str, TINY_IDS)), "--out", out, "--all", "--gpu"])
-    counts = proc.stderr.split("products of 2+ tokens: ")[-1].split(",")
-    gemv, gemm = int(counts[0].split()[0]), int(counts[1].split()[0])
+    gemv, gemm, stacked = gemm_counts(proc.stderr)
     ran = gemv if kind == "gemv" else gemm
     assert ran > 0 and gemv + gemm == ran, f"{route}: {gemv} GEMV / {gemm} GEMM products\n{proc.stderr[-600:]}"
+    separate = env.get("SPARK_CUDA_STACK_TOKENS") == "0" or env.get("SPARK_CUDA_QGEMM") == "f32"
+    assert stacked == (0 if separate or kind == "gemv" else gemm), f"{route}: {stacked} stacked\n{proc.stderr[-600:]}"
     check(f"spark-tiny {fmt} prefill ({route})", np.load(out), cpu, tol=1e-4)
 
 

@@ -233,9 +233,10 @@ void cuda_destroy(backend *be)
         fprintf(stderr,
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
                 "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches; "
-                "one-launch attention (cluster %d): %ld launches; products of 2+ tokens: %ld GEMV, %ld GEMM\n",
+                "one-launch attention (cluster %d): %ld launches; products of 2+ tokens: %ld GEMV, %ld GEMM (%ld stacked GEMMs)\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
-                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->gemv_products, cb->gemm_products);
+                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->gemv_products, cb->gemm_products,
+                cb->stacked_products);
     if (cb->verbose && cb->host_steps)
         fprintf(stderr,
                 "spark: CUDA host time per decode step (%ld steps, %zu commands of %zu bytes): recording "
@@ -268,6 +269,7 @@ void cuda_destroy(backend *be)
     cudaFree(cb->ropetab);
     cudaFree(cb->bf);
     cudaFree(cb->panel);
+    cudaFree(cb->wide);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->st) cudaStreamDestroy(cb->st);
     free(cb);
@@ -294,18 +296,39 @@ static void gemm_ex(cuda_backend *cb, float *out, int64_t ldo, const void *W, co
                      CUBLAS_GEMM_DEFAULT));
 }
 
-/* bf16 weights, many tokens: x = hi + lo, two tensor-core GEMMs. */
+/* out (rows apart per token) = the sum of W's parts_r row blocks (rows
+ * each, contiguous) times x hi + x lo (contiguous, as split_x leaves them):
+ * one GEMM of 2n columns, so W streams once where separate products would
+ * read it once per term; what a product of a few tokens costs is that
+ * stream (bench/cuda_runs.md run 26). */
+static void gemm_stacked(cuda_backend *cb, float *out, int64_t ldo, const void *W, const void *hi, int64_t rows,
+                         int parts_r, int64_t cols, int n)
+{
+    const int64_t wide_rows = parts_r * rows;
+    float *wide = (float *)scratch((void **)&cb->wide, &cb->wide_bytes, (size_t)wide_rows * 2 * (size_t)n * 4);
+    gemm_ex(cb, wide, wide_rows, W, hi, wide_rows, cols, 2 * n, 0.0f);
+    CK(cu_fold_products(cb->st, out, ldo, wide, rows, n, parts_r));
+}
+
+/* bf16 weights, many tokens: x = hi + lo, two tensor-core products (one
+ * stacked GEMM for a few tokens). */
 static void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *W, int64_t rows, int64_t cols, int n)
 {
     void *hi, *lo;
     split_x(cb, x, cols, n, &hi, &lo);
+    if (n <= cb->stack_tokens) {
+        cb->stacked_products++;
+        gemm_stacked(cb, out, rows, W, hi, rows, 1, cols, n);
+        return;
+    }
     gemm_ex(cb, out, rows, W, hi, rows, cols, n, 0.0f);
     gemm_ex(cb, out, rows, W, lo, rows, cols, n, 1.0f);
 }
 
 /* Any other format, many tokens: panels of rows decoded to a bf16 pair
  * (W = Wh + Wl to ~2^-16, exact for f16) and three tensor-core GEMMs,
- * Wh xh + Wh xl + Wl xh (the dropped Wl xl is ~2^-18 of the product); or,
+ * Wh xh + Wh xl + Wl xh (the dropped Wl xl is ~2^-18 of the product), or
+ * for a few tokens all four as one stacked GEMM; or,
  * with SPARK_CUDA_QGEMM=f32 (and for f32 weights), SGEMM on float32
  * panels: fp32 products of the decoded values, 1.6x (512 tokens) to 2.3x
  * (8k) slower for the 4B on an H100 (bench/cuda_runs.md run 25). */
@@ -324,6 +347,7 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
     char *panel = (char *)scratch(&cb->panel, &cb->panel_bytes, (size_t)per * (size_t)cols * 4);
     void *xh = NULL, *xl = NULL;
     if (!cb->qgemm_f32) split_x(cb, c->x, cols, c->n, &xh, &xl);
+    cb->stacked_products += !cb->qgemm_f32 && c->n <= cb->stack_tokens;
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         int64_t pr = rows - r0 < per ? rows - r0 : per;
         if (cb->qgemm_f32) {
@@ -334,6 +358,10 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
         }
         char *wh = panel, *wl = panel + (size_t)pr * (size_t)cols * 2;
         CK(cu_dequant_rows_bf16x2(cb->st, wh, wl, c->w, c->dtype, r0, pr, cols, c->row_bytes));
+        if (c->n <= cb->stack_tokens) { /* all four products, the panel read once */
+            gemm_stacked(cb, c->out + r0, rows, wh, xh, pr, 2, cols, c->n);
+            continue;
+        }
         gemm_ex(cb, c->out + r0, rows, wh, xh, pr, cols, c->n, 0.0f);
         gemm_ex(cb, c->out + r0, rows, wh, xl, pr, cols, c->n, 1.0f);
         gemm_ex(cb, c->out + r0, rows, wl, xh, pr, cols, c->n, 1.0f);
@@ -345,8 +373,12 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
 static int gemv_limit(const cuda_backend *cb, int dtype)
 {
     if (cb->gemv_tokens > 0) return cb->gemv_tokens;
-    (void)dtype;
-    return 2 * CUDA_GEMV_MAX_TOKENS;
+    /* where the GEMVs stop beating the GEMMs for the 4B on an H100 (run 26) */
+    switch (dtype) {
+    case SPARK_DTYPE_Q8_0: return 4;
+    case SPARK_DTYPE_Q4_K: return 2;
+    default: return 4;
+    }
 }
 
 /* Launch one command's work on the stream (or into the graph being captured:
@@ -1024,6 +1056,8 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->qgemm_f32 = qg && !strcmp(qg, "f32");
     const char *qv = getenv("SPARK_CUDA_QGEMV"); /* =groups: the few-token Q8_0 / Q4_K products as before */
     cu_gemv_units(!(qv && !strcmp(qv, "groups")));
+    const char *sk2 = getenv("SPARK_CUDA_STACK_TOKENS"); /* =0: separate products at every size */
+    cb->stack_tokens = sk2 ? atoi(sk2) : STACK_TOKENS;
     const char *gt = getenv("SPARK_CUDA_GEMV_TOKENS");
     cb->gemv_tokens = gt && atoi(gt) > 0 ? atoi(gt) : 0;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */

@@ -52,6 +52,11 @@ cudaError_t cu_dequant_rows_bf16x2(cudaStream_t st, void *hi, void *lo, const vo
 
 /* hi = bf16(x), lo = bf16(x - hi): x == hi + lo to ~2^-16 relative. */
 cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count);
+/* out[r, t] (out rows ldo apart per token) = the sum over a stacked GEMM's
+ * parts: `wide` is (parts_r * rows) x 2n column-major, parts_r blocks of rows
+ * against x hi (columns t) and x lo (columns n + t). */
+cudaError_t cu_fold_products(cudaStream_t st, float *out, int64_t ldo, const float *wide, int64_t rows, int n,
+                             int parts_r);
 
 /* *dst = v, as a one-thread kernel: stream-ordered, no host buffer to keep alive. */
 cudaError_t cu_set_i64(cudaStream_t st, int64_t *dst, int64_t v);

@@ -442,6 +442,20 @@ __global__ void add_kernel(float *y, const float *x, int64_t count)
         y[i] += x[i];
 }
 
+/* out[r, t] = the sum of a stacked product's parts: `wide` holds, column-
+ * major with leading dimension parts_r * rows, the products of parts_r row
+ * blocks of rows each against 2n columns (x hi, then x lo). */
+__global__ void fold_products_kernel(float *out, int64_t ldo, const float *wide, int64_t rows, int n, int parts_r)
+{
+    const int64_t count = rows * n, ldw = parts_r * rows;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i % rows, t = i / rows;
+        float s = 0.0f;
+        for (int a = 0; a < parts_r; a++) s += wide[a * rows + r + t * ldw] + wide[a * rows + r + (t + n) * ldw];
+        out[r + t * ldo] = s;
+    }
+}
+
 /* A ring keeps only the newest `slots` rows of the chunk. */
 __global__ void kv_store_kernel(float *kc, float *vc, int64_t slots, const float *qkv, const int64_t *pos, int first,
                                 int n, int64_t q_dim, int64_t kv_dim, int64_t qkv_stride)
@@ -1101,6 +1115,13 @@ cudaError_t cu_gate_heads(cudaStream_t st, float *o, const float *g, int n, int 
 cudaError_t cu_gelu_mul(cudaStream_t st, float *a, const float *b, int64_t count)
 {
     gelu_mul_kernel<<<grid_for(count, 256), 256, 0, st>>>(a, b, count);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_fold_products(cudaStream_t st, float *out, int64_t ldo, const float *wide, int64_t rows, int n,
+                             int parts_r)
+{
+    fold_products_kernel<<<grid_for(rows * n, 256), 256, 0, st>>>(out, ldo, wide, rows, n, parts_r);
     return cudaGetLastError();
 }
 

@@ -23,6 +23,7 @@ extern "C" {
 namespace spark_cuda {
 
 constexpr size_t PANEL_BYTES = (size_t)128 << 20; /* decoded weight rows per cuBLAS call */
+constexpr int STACK_TOKENS = 256; /* up to here x hi and lo share one GEMM (gemm_stacked) */
 constexpr int ROPE_TABLES = 4;                    /* rope classes with a per-step angle table (rope_tables) */
 constexpr int SPLIT_MIN_KEYS = 32;                /* a key split below this is not worth a block (bench/cuda_runs.md run 7) */
 constexpr int ATT_STEP_CLUSTER = 16;              /* blocks (key splits) per KV head of the one-launch attention */
@@ -54,9 +55,13 @@ struct cuda_backend {
     void *panel;    /* decoded weight rows, for cuBLAS (a bf16 pair, or float32) */
     size_t panel_bytes;
     int qgemm_f32;  /* decoded rows as float32 and SGEMM (SPARK_CUDA_QGEMM=f32), not bf16 pairs */
+    float *wide;    /* a stacked GEMM's products before they are summed (gemm_stacked) */
+    size_t wide_bytes;
+    int stack_tokens; /* products of at most this many tokens as one stacked GEMM (SPARK_CUDA_STACK_TOKENS) */
     int gemv_tokens; /* products of at most this many tokens run as GEMVs, not GEMMs
                       * (SPARK_CUDA_GEMV_TOKENS; 0: each format's default, gemv_limit) */
-    long gemv_products, gemm_products; /* products of 2+ tokens run each way (SPARK_CUDA_VERBOSE) */
+    long gemv_products, gemm_products, stacked_products; /* products of 2+ tokens run each way, stacked
+                                                          * GEMMs among the latter (SPARK_CUDA_VERBOSE) */
     int64_t *d_pos;  /* position of the current chunk's first token */
     int64_t pos_host; /* what d_pos holds (when pos_set) */
     int pos_set;
