@@ -12,7 +12,8 @@
 # choice, SPARK_CUDA_GEMV_TOKENS=1: every product of 2+ tokens a GEMM, =512:
 # GEMVs up to 512 tokens), `cuda_bench --sweep LENS`: the fastest of three
 # prefills of each length. With TESTK, the test_cuda.py tests it selects;
-# with MEMCHECK=1, spark-tiny's prefill under compute-sanitizer.
+# with TESTS=1, the GPU test files (errors per check in errors.jsonl); with
+# MEMCHECK=1, spark-tiny's prefill under compute-sanitizer.
 set -u
 OUT=${OUT:-/tmp/cuda-smalln}
 BIN=${BIN:-.carry}
@@ -40,7 +41,13 @@ for fmt in ${QFMTS-q8_0 q4_k}; do
 done
 if [ -n "${TESTK:-}" ]; then
     stamp "test_cuda.py -k $TESTK"
-    gpu_tests "$OUT/tests.log" "tests/py/test_cuda.py -k $TESTK"
+    PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
+        -k "$TESTK" >"$OUT/tests.log" 2>&1
+    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
+fi
+if [ "${TESTS:-0}" = 1 ]; then
+    stamp "GPU tests"
+    SPARK_CUDA_REPORT=$OUT/errors.jsonl gpu_tests "$OUT/tests-all.log" "$GPU_TESTS"
 fi
 if [ -n "${MEMCHECK:-}" ]; then
     stamp "memcheck: spark-tiny prefill, 24 tokens (stacked GEMMs)"

@@ -168,7 +168,7 @@ def test_attention_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("batch", ["3", "13"])
 def test_chunked_prefill_matches_cpu(models, batch, tmp_path):
-    """Chunks of 3 run the GEMV path (bf16: n <= 4), chunks of 13 cuBLAS with a short tail."""
+    """Chunks of 3 run the GEMV path (bf16: n <= 3), chunks of 13 cuBLAS with a short tail."""
     m = models[("d256_gqa4_w16", "bf16")]
     cpu = logits(tmp_path, m.hf, m.ids, "--all")
     check(f"prefill --batch {batch} {m.name}", logits(tmp_path, m.hf, m.ids, "--all", "--batch", batch, "--gpu"), cpu)

@@ -296,6 +296,8 @@ static void gemm_ex(cuda_backend *cb, float *out, int64_t ldo, const void *W, co
                      CUBLAS_GEMM_DEFAULT));
 }
 
+static int stack_limit(const cuda_backend *cb, int dtype);
+
 /* out (rows apart per token) = the sum of W's parts_r row blocks (rows
  * each, contiguous) times x hi + x lo (contiguous, as split_x leaves them):
  * one GEMM of 2n columns, so W streams once where separate products would
@@ -316,7 +318,7 @@ static void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *
 {
     void *hi, *lo;
     split_x(cb, x, cols, n, &hi, &lo);
-    if (n <= cb->stack_tokens) {
+    if (n <= stack_limit(cb, SPARK_DTYPE_BF16)) {
         cb->stacked_products++;
         gemm_stacked(cb, out, rows, W, hi, rows, 1, cols, n);
         return;
@@ -347,7 +349,8 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
     char *panel = (char *)scratch(&cb->panel, &cb->panel_bytes, (size_t)per * (size_t)cols * 4);
     void *xh = NULL, *xl = NULL;
     if (!cb->qgemm_f32) split_x(cb, c->x, cols, c->n, &xh, &xl);
-    cb->stacked_products += !cb->qgemm_f32 && c->n <= cb->stack_tokens;
+    const int stacked = !cb->qgemm_f32 && c->n <= stack_limit(cb, c->dtype);
+    cb->stacked_products += stacked;
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         int64_t pr = rows - r0 < per ? rows - r0 : per;
         if (cb->qgemm_f32) {
@@ -358,7 +361,7 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
         }
         char *wh = panel, *wl = panel + (size_t)pr * (size_t)cols * 2;
         CK(cu_dequant_rows_bf16x2(cb->st, wh, wl, c->w, c->dtype, r0, pr, cols, c->row_bytes));
-        if (c->n <= cb->stack_tokens) { /* all four products, the panel read once */
+        if (stacked) { /* all four products, the panel read once */
             gemm_stacked(cb, c->out + r0, rows, wh, xh, pr, 2, cols, c->n);
             continue;
         }
@@ -373,12 +376,21 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
 static int gemv_limit(const cuda_backend *cb, int dtype)
 {
     if (cb->gemv_tokens > 0) return cb->gemv_tokens;
-    /* where the GEMVs stop beating the GEMMs for the 4B on an H100 (run 26) */
+    /* where the GEMVs stop beating the (stacked) GEMMs for the 4B on an H100 (run 26) */
     switch (dtype) {
-    case SPARK_DTYPE_Q8_0: return 4;
+    case SPARK_DTYPE_Q8_0: return 5;
     case SPARK_DTYPE_Q4_K: return 2;
-    default: return 4;
+    default: return 3;
     }
+}
+
+/* The most tokens whose product is one stacked GEMM (gemm_stacked). A block
+ * format's stacked GEMM computes a fourth product, which pays only while
+ * the panel's reads cost more than its arithmetic (run 26: up to ~128). */
+static int stack_limit(const cuda_backend *cb, int dtype)
+{
+    if (cb->stack_tokens >= 0) return cb->stack_tokens;
+    return dtype == SPARK_DTYPE_BF16 ? STACK_TOKENS : STACK_TOKENS / 2;
 }
 
 /* Launch one command's work on the stream (or into the graph being captured:
@@ -1057,7 +1069,7 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     const char *qv = getenv("SPARK_CUDA_QGEMV"); /* =groups: the few-token Q8_0 / Q4_K products as before */
     cu_gemv_units(!(qv && !strcmp(qv, "groups")));
     const char *sk2 = getenv("SPARK_CUDA_STACK_TOKENS"); /* =0: separate products at every size */
-    cb->stack_tokens = sk2 ? atoi(sk2) : STACK_TOKENS;
+    cb->stack_tokens = sk2 ? atoi(sk2) : -1; /* -1: each format's default, stack_limit */
     const char *gt = getenv("SPARK_CUDA_GEMV_TOKENS");
     cb->gemv_tokens = gt && atoi(gt) > 0 ? atoi(gt) : 0;
     const char *pe = getenv("SPARK_CUDA_PDL_EARLY"); /* =0: off (on: ~1 % faster decode, run 7) */

@@ -23,7 +23,7 @@ extern "C" {
 namespace spark_cuda {
 
 constexpr size_t PANEL_BYTES = (size_t)128 << 20; /* decoded weight rows per cuBLAS call */
-constexpr int STACK_TOKENS = 256; /* up to here x hi and lo share one GEMM (gemm_stacked) */
+constexpr int STACK_TOKENS = 256; /* up to here x hi and lo share one bf16 GEMM (gemm_stacked; half for panels) */
 constexpr int ROPE_TABLES = 4;                    /* rope classes with a per-step angle table (rope_tables) */
 constexpr int SPLIT_MIN_KEYS = 32;                /* a key split below this is not worth a block (bench/cuda_runs.md run 7) */
 constexpr int ATT_STEP_CLUSTER = 16;              /* blocks (key splits) per KV head of the one-launch attention */
