@@ -814,7 +814,7 @@ void launch_quant_n(cudaStream_t st, float *out, const float *x, const uint8_t *
     }
 }
 
-int gemv_quant_units = 1; /* SPARK_CUDA_QGEMV=groups: Q8_0 / Q4_K through gemv_groups_kernel (cu_gemv_tune) */
+int gemv_quant_units = 1; /* SPARK_CUDA_QGEMV=groups: Q8_0 / Q4_K through gemv_groups_kernel (cu_gemv_units) */
 
 int att_warps_env = -1;
 
