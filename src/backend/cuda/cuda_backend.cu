@@ -380,6 +380,8 @@ static int gemv_limit(const cuda_backend *cb, int dtype)
     switch (dtype) {
     case SPARK_DTYPE_Q8_0: return 5;
     case SPARK_DTYPE_Q4_K: return 2;
+    case SPARK_DTYPE_Q4_0:
+    case SPARK_DTYPE_Q6_K: return 1; /* a group a lane: slower than the GEMM from 2 tokens, as Q8_0 / Q4_K's was */
     default: return 3;
     }
 }
