@@ -71,6 +71,19 @@ static double kv_bytes(const spark_model_config *c, int64_t pos)
     return total;
 }
 
+/* The model at `path` and a session of n_ctx tokens on it, on the GPU or
+ * the CPU; exits with the library's message on failure. */
+static spark_session *open_session(const char *path, long n_ctx, int cpu, spark_model **model)
+{
+    if (spark_model_load(path, model) != SPARK_OK) die("load");
+    spark_session_options o = spark_session_default_options();
+    o.n_ctx = (int32_t)n_ctx;
+    o.backend = cpu ? SPARK_BACKEND_CPU : SPARK_BACKEND_CUDA;
+    spark_session *s;
+    if (spark_session_create(*model, &o, &s) != SPARK_OK) die("session");
+    return s;
+}
+
 /* --sweep: the fastest of three prefills of each listed length. */
 static int run_sweep(const char *path, const char *list, int cpu)
 {
@@ -93,13 +106,8 @@ static int run_sweep(const char *path, const char *list, int cpu)
         return 2;
     }
     spark_model *model;
-    if (spark_model_load(path, &model) != SPARK_OK) die("load");
+    spark_session *s = open_session(path, longest + 32, cpu, &model);
     const spark_model_config *c = spark_model_get_config(model);
-    spark_session_options o = spark_session_default_options();
-    o.n_ctx = (int32_t)(longest + 32);
-    o.backend = cpu ? SPARK_BACKEND_CPU : SPARK_BACKEND_CUDA;
-    spark_session *s;
-    if (spark_session_create(model, &o, &s) != SPARK_OK) die("session");
     int32_t *ids = malloc((size_t)(longest + 16) * sizeof(int32_t));
     float *logits = malloc((size_t)c->n_vocab * sizeof(float));
     for (long i = 0; i < longest + 16; i++) ids[i] = 3 + (int32_t)((i * 7919) % (c->n_vocab - 3));
@@ -152,13 +160,8 @@ int main(int argc, char **argv)
     }
     double t0 = now();
     spark_model *model;
-    if (spark_model_load(path, &model) != SPARK_OK) die("load");
+    spark_session *s = open_session(path, ctx, cpu, &model);
     const spark_model_config *c = spark_model_get_config(model);
-    spark_session_options o = spark_session_default_options();
-    o.n_ctx = (int32_t)ctx;
-    o.backend = cpu ? SPARK_BACKEND_CPU : SPARK_BACKEND_CUDA;
-    spark_session *s;
-    if (spark_session_create(model, &o, &s) != SPARK_OK) die("session");
     double t_setup = now() - t0;
 
     int32_t *ids = malloc((size_t)(prefill + 2 * decode + 16) * sizeof(int32_t));

@@ -14,11 +14,12 @@
  *                                  turns it off); inside a recorded decode step
  *                                  fused with its neighbours (see fuse);
  *   a few tokens (gemv_limit)      GEMV kernels (cuda_kernels.cu), fp32 x;
- *   bf16 weights, more tokens      cuBLAS bf16 tensor-core GEMM, run twice on
- *                                  x split as bf16 hi + lo, fp32 accumulate:
- *                                  as exact as fp32 x to ~2^-16;
+ *   bf16 weights, more tokens      cuBLAS bf16 tensor-core GEMM on x split as
+ *                                  bf16 hi + lo, fp32 accumulate: as exact as
+ *                                  fp32 x to ~2^-16; hi and lo as one stacked
+ *                                  GEMM for a few tokens, else two GEMMs;
  *   f32 weights                    cuBLAS SGEMM;
- *   f16 and block formats          rows decoded to bf16 hi + lo panels, three
+ *   f16 and block formats          rows decoded to bf16 hi + lo panels,
  *                                  tensor-core GEMMs (gemm_panels).
  * All work goes to one stream; `download` is the only synchronization.
  * CUDA failures inside an op are bugs or a dying device: they abort with
@@ -296,7 +297,29 @@ static void gemm_ex(cuda_backend *cb, float *out, int64_t ldo, const void *W, co
                      CUBLAS_GEMM_DEFAULT));
 }
 
-static int stack_limit(const cuda_backend *cb, int dtype);
+/* The most tokens a product runs as GEMVs (weights streamed once per
+ * CUDA_GEMV_MAX_TOKENS) rather than as a GEMM. */
+static int gemv_limit(const cuda_backend *cb, int dtype)
+{
+    if (cb->gemv_tokens > 0) return cb->gemv_tokens;
+    /* where the GEMVs stop beating the (stacked) GEMMs for the 4B on an H100 (run 26) */
+    switch (dtype) {
+    case SPARK_DTYPE_Q8_0: return 5;
+    case SPARK_DTYPE_Q4_K: return 2;
+    case SPARK_DTYPE_Q4_0:
+    case SPARK_DTYPE_Q6_K: return 1; /* a group a lane: slower than the GEMM from 2 tokens, as Q8_0 / Q4_K's was */
+    default: return 3;
+    }
+}
+
+/* The most tokens whose product is one stacked GEMM (gemm_stacked). A block
+ * format's stacked GEMM computes a fourth product, which pays only while
+ * the panel's reads cost more than its arithmetic (run 26: up to ~128). */
+static int stack_limit(const cuda_backend *cb, int dtype)
+{
+    if (cb->stack_tokens >= 0) return cb->stack_tokens;
+    return dtype == SPARK_DTYPE_BF16 ? STACK_TOKENS : STACK_TOKENS / 2;
+}
 
 /* out (rows apart per token) = the sum of W's parts_r row blocks (rows
  * each, contiguous) times x hi + x lo (contiguous, as split_x leaves them):
@@ -369,30 +392,6 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
         gemm_ex(cb, c->out + r0, rows, wh, xl, pr, cols, c->n, 1.0f);
         gemm_ex(cb, c->out + r0, rows, wl, xh, pr, cols, c->n, 1.0f);
     }
-}
-
-/* The most tokens a product runs as GEMVs (weights streamed once per
- * CUDA_GEMV_MAX_TOKENS) rather than as a GEMM. */
-static int gemv_limit(const cuda_backend *cb, int dtype)
-{
-    if (cb->gemv_tokens > 0) return cb->gemv_tokens;
-    /* where the GEMVs stop beating the (stacked) GEMMs for the 4B on an H100 (run 26) */
-    switch (dtype) {
-    case SPARK_DTYPE_Q8_0: return 5;
-    case SPARK_DTYPE_Q4_K: return 2;
-    case SPARK_DTYPE_Q4_0:
-    case SPARK_DTYPE_Q6_K: return 1; /* a group a lane: slower than the GEMM from 2 tokens, as Q8_0 / Q4_K's was */
-    default: return 3;
-    }
-}
-
-/* The most tokens whose product is one stacked GEMM (gemm_stacked). A block
- * format's stacked GEMM computes a fourth product, which pays only while
- * the panel's reads cost more than its arithmetic (run 26: up to ~128). */
-static int stack_limit(const cuda_backend *cb, int dtype)
-{
-    if (cb->stack_tokens >= 0) return cb->stack_tokens;
-    return dtype == SPARK_DTYPE_BF16 ? STACK_TOKENS : STACK_TOKENS / 2;
 }
 
 /* Launch one command's work on the stream (or into the graph being captured:
