@@ -772,46 +772,37 @@ unsigned grid_for(int64_t count, int threads)
     return (unsigned)(b > 0 ? b : 1);
 }
 
-template <typename T, int NT>
-void launch_vec(cudaStream_t st, float *out, const float *x, const uint8_t *w, int64_t rows, int64_t cols,
-                int64_t row_bytes)
+/* A one-warp-a-row GEMV instance, and the one for n tokens (1..4; more
+ * take 4 a launch, the caller's loop) of a family Of<NT>::k. */
+using rows_kernel = void (*)(float *, const float *, const uint8_t *, int64_t, int64_t, int64_t);
+
+template <template <int> class Of>
+rows_kernel for_tokens(int n)
 {
-    const int warps = 8;
-    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
-    gemv_vec_kernel<T, NT, 8><<<blocks, warps * WARP, 0, st>>>(out, x, w, rows, cols, row_bytes);
+    return n == 1 ? Of<1>::k : n == 2 ? Of<2>::k : n == 3 ? Of<3>::k : Of<4>::k;
 }
 
 template <typename T>
-void launch_vec_n(cudaStream_t st, float *out, const float *x, const uint8_t *w, int64_t rows, int64_t cols,
-                  int64_t row_bytes, int n)
-{
-    switch (n) {
-    case 1: launch_vec<T, 1>(st, out, x, w, rows, cols, row_bytes); break;
-    case 2: launch_vec<T, 2>(st, out, x, w, rows, cols, row_bytes); break;
-    case 3: launch_vec<T, 3>(st, out, x, w, rows, cols, row_bytes); break;
-    default: launch_vec<T, 4>(st, out, x, w, rows, cols, row_bytes); break;
-    }
-}
-
-template <int FMT, int NT>
-void launch_quant(cudaStream_t st, float *out, const float *x, const uint8_t *w, int64_t rows, int64_t cols,
-                  int64_t row_bytes)
-{
-    const int warps = 8;
-    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
-    gemv_quant_kernel<FMT, NT, 4><<<blocks, warps * WARP, 0, st>>>(out, x, w, rows, cols, row_bytes);
-}
+struct vec_of {
+    template <int NT>
+    struct at {
+        static constexpr rows_kernel k = gemv_vec_kernel<T, NT, 8>;
+    };
+};
 
 template <int FMT>
-void launch_quant_n(cudaStream_t st, float *out, const float *x, const uint8_t *w, int64_t rows, int64_t cols,
-                    int64_t row_bytes, int n)
+struct quant_of {
+    template <int NT>
+    struct at {
+        static constexpr rows_kernel k = gemv_quant_kernel<FMT, NT, 4>;
+    };
+};
+
+void launch_rows(cudaStream_t st, rows_kernel k, float *out, const float *x, const uint8_t *w, int64_t rows,
+                 int64_t cols, int64_t row_bytes)
 {
-    switch (n) {
-    case 1: launch_quant<FMT, 1>(st, out, x, w, rows, cols, row_bytes); break;
-    case 2: launch_quant<FMT, 2>(st, out, x, w, rows, cols, row_bytes); break;
-    case 3: launch_quant<FMT, 3>(st, out, x, w, rows, cols, row_bytes); break;
-    default: launch_quant<FMT, 4>(st, out, x, w, rows, cols, row_bytes); break;
-    }
+    const int warps = 8;
+    k<<<(unsigned)((rows + warps - 1) / warps), warps * WARP, 0, st>>>(out, x, w, rows, cols, row_bytes);
 }
 
 int gemv_quant_units = 1; /* SPARK_CUDA_QGEMV=groups: Q8_0 / Q4_K through gemv_groups_kernel (cu_gemv_units) */
@@ -856,9 +847,10 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
     int vec_ok = plain && row_bytes % 16 == 0 && cols % 4 == 0 && ((uintptr_t)w % 16) == 0 &&
                  ((uintptr_t)x % 16) == 0 && (dtype == CU_F32 || cols % 8 == 0);
     if (vec_ok) {
-        if (dtype == CU_F32) launch_vec_n<float>(st, out, x, wb, rows, cols, row_bytes, n);
-        else if (dtype == CU_F16) launch_vec_n<__half>(st, out, x, wb, rows, cols, row_bytes, n);
-        else launch_vec_n<__nv_bfloat16>(st, out, x, wb, rows, cols, row_bytes, n);
+        rows_kernel k = dtype == CU_F32   ? for_tokens<vec_of<float>::at>(n)
+                        : dtype == CU_F16 ? for_tokens<vec_of<__half>::at>(n)
+                                          : for_tokens<vec_of<__nv_bfloat16>::at>(n);
+        launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
         return cudaGetLastError();
     }
     const int warps = 8;
@@ -868,8 +860,8 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
                          ((uintptr_t)w % 16) == 0 && ((uintptr_t)x % 16) == 0 &&
                          cols % (dtype == CU_Q8_0 ? 32 : 256) == 0;
     if (units_ok) {
-        if (dtype == CU_Q8_0) launch_quant_n<CU_Q8_0>(st, out, x, wb, rows, cols, row_bytes, n);
-        else launch_quant_n<CU_Q4_K>(st, out, x, wb, rows, cols, row_bytes, n);
+        rows_kernel k = dtype == CU_Q8_0 ? for_tokens<quant_of<CU_Q8_0>::at>(n) : for_tokens<quant_of<CU_Q4_K>::at>(n);
+        launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
         return cudaGetLastError();
     }
     switch (n) {
