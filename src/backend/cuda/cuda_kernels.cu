@@ -112,95 +112,15 @@ __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, flo
 
 /* ---- GEMV ----------------------------------------------------------------- */
 
-/* Plain formats, 16-byte weight loads: one warp per row so each row is one
- * contiguous stream; U loads per lane are issued before any is consumed to
- * keep ~U*512 bytes per warp in flight (decode is a pure weight stream). */
-template <typename T, int NT, int U>
-__global__ void __launch_bounds__(256) gemv_vec_kernel(float *__restrict__ out, const float *__restrict__ x,
-                                                       const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
-                                                       int64_t row_bytes)
+/* One warp sweeps a row's 16-byte units front to back, U in flight a lane
+ * (decode is a pure weight stream: ~U * 512 bytes a warp in flight), and
+ * fold(i, unit, acc) adds unit i's products to the NT tokens' sums, which
+ * lane 0 stores. */
+template <int NT, int U, typename Fold>
+__device__ __forceinline__ void sweep_row(float *__restrict__ out, const uint4 *__restrict__ units, int64_t nunits,
+                                          int64_t row, int64_t rows, Fold fold)
 {
-    constexpr int PER = 16 / sizeof(T); /* values per 16-byte load */
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    int lane = threadIdx.x % WARP;
-    if (row >= rows) return;
-    const uint4 *wr = (const uint4 *)(w + row * row_bytes);
-    int64_t nvec = cols / PER;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (int64_t base = lane; base < nvec; base += (int64_t)WARP * U) {
-        uint4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int64_t i = base + (int64_t)u * WARP;
-            if (i < nvec) v[u] = __ldcs(wr + i); /* streamed once: don't keep in L2 */
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int64_t i = base + (int64_t)u * WARP;
-            if (i >= nvec) break;
-            float wf[PER];
-            if constexpr (sizeof(T) == 4) {
-                wf[0] = __uint_as_float(v[u].x);
-                wf[1] = __uint_as_float(v[u].y);
-                wf[2] = __uint_as_float(v[u].z);
-                wf[3] = __uint_as_float(v[u].w);
-            } else {
-                uint32_t p[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-                        wf[2 * k] = __uint_as_float(p[k] << 16);
-                        wf[2 * k + 1] = __uint_as_float(p[k] & 0xffff0000u);
-                    } else {
-                        wf[2 * k] = h2f((uint16_t)(p[k] & 0xffff));
-                        wf[2 * k + 1] = h2f((uint16_t)(p[k] >> 16));
-                    }
-                }
-            }
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float4 *xv = (const float4 *)(x + t * cols + i * PER);
-                float s = acc[t];
-#pragma unroll
-                for (int k = 0; k < PER / 4; k++) {
-                    float4 a = __ldg(xv + k);
-                    s = fmaf(wf[4 * k], a.x, s);
-                    s = fmaf(wf[4 * k + 1], a.y, s);
-                    s = fmaf(wf[4 * k + 2], a.z, s);
-                    s = fmaf(wf[4 * k + 3], a.w, s);
-                }
-                acc[t] = s;
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float s = warp_sum(acc[t]);
-        if (lane == 0) out[t * rows + row] = s;
-    }
-}
-
-/* Q8_0 and Q4_K in the device layout (cu_repack_rows), a few tokens: as
- * gemv_vec_kernel, one warp per row sweeping its quants in 16-byte units,
- * U of them in flight a lane. A Q8_0 unit is 16 values of one block (its
- * f16 scale follows the row's quants); a Q4_K unit is one 32-value
- * sub-block, byte t holding values t and 16 + t, so both decode in column
- * order against contiguous x. Each unit's products are summed before its
- * scale (and Q4_K's min) is applied. */
-template <int FMT, int NT, int U>
-__global__ void __launch_bounds__(256) gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x,
-                                                         const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
-                                                         int64_t row_bytes)
-{
-    constexpr int VALS = FMT == CU_Q8_0 ? 16 : 32; /* values a 16-byte unit holds */
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    int lane = threadIdx.x % WARP;
-    if (row >= rows) return;
-    const uint8_t *wr = w + row * row_bytes;
-    const uint4 *units = (const uint4 *)wr;
-    int64_t nunits = cols / VALS;
+    const int lane = threadIdx.x % WARP;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
@@ -215,39 +135,7 @@ __global__ void __launch_bounds__(256) gemv_quant_kernel(float *__restrict__ out
         for (int u = 0; u < U; u++) {
             int64_t i = base + (int64_t)u * WARP;
             if (i >= nunits) break;
-            const uint32_t p[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-            float scale, shift = 0.0f;
-            if constexpr (FMT == CU_Q8_0) {
-                scale = h2f(__ldg((const unsigned short *)(wr + cols) + i / 2));
-            } else {
-                const uint8_t *hdr = wr + cols / 2 + (i / 8) * 16;
-                int sc, mn;
-                q4k_scale_min(hdr + 4, (int)(i % 8), &sc, &mn);
-                scale = h2f(ld16(hdr)) * (float)sc;
-                shift = h2f(ld16(hdr + 2)) * (float)mn;
-            }
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float4 *xv = (const float4 *)(x + t * cols + i * VALS);
-                float dot = 0.0f, xsum = 0.0f;
-#pragma unroll
-                for (int k = 0; k < VALS / 4; k++) {
-                    float4 a = __ldg(xv + k);
-                    float q[4];
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int c = 4 * k + e; /* the value's column within the unit */
-                        if constexpr (FMT == CU_Q8_0)
-                            q[e] = (float)(int8_t)(p[c / 4] >> (8 * (c % 4)));
-                        else
-                            q[e] = (float)((p[(c % 16) / 4] >> (8 * (c % 4) + (c < 16 ? 0 : 4))) & 0x0F);
-                    }
-                    dot = fmaf(q[0], a.x, fmaf(q[1], a.y, fmaf(q[2], a.z, fmaf(q[3], a.w, dot))));
-                    if constexpr (FMT == CU_Q4_K) xsum += (a.x + a.y) + (a.z + a.w);
-                }
-                acc[t] = fmaf(scale, dot, acc[t]);
-                if constexpr (FMT == CU_Q4_K) acc[t] = fmaf(-shift, xsum, acc[t]);
-            }
+            fold(i, v[u], acc);
         }
     }
 #pragma unroll
@@ -255,6 +143,107 @@ __global__ void __launch_bounds__(256) gemv_quant_kernel(float *__restrict__ out
         float s = warp_sum(acc[t]);
         if (lane == 0) out[t * rows + row] = s;
     }
+}
+
+/* Plain formats, 16-byte weight loads, a warp a row (so each row is one
+ * contiguous stream). */
+template <typename T, int NT, int U>
+__global__ void __launch_bounds__(256) gemv_vec_kernel(float *__restrict__ out, const float *__restrict__ x,
+                                                       const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
+                                                       int64_t row_bytes)
+{
+    constexpr int PER = 16 / sizeof(T); /* values per 16-byte load */
+    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (row >= rows) return;
+    auto fold = [&](int64_t i, uint4 v, float(&acc)[NT]) {
+        float wf[PER];
+        if constexpr (sizeof(T) == 4) {
+            wf[0] = __uint_as_float(v.x);
+            wf[1] = __uint_as_float(v.y);
+            wf[2] = __uint_as_float(v.z);
+            wf[3] = __uint_as_float(v.w);
+        } else {
+            uint32_t p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+                    wf[2 * k] = __uint_as_float(p[k] << 16);
+                    wf[2 * k + 1] = __uint_as_float(p[k] & 0xffff0000u);
+                } else {
+                    wf[2 * k] = h2f((uint16_t)(p[k] & 0xffff));
+                    wf[2 * k + 1] = h2f((uint16_t)(p[k] >> 16));
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float4 *xv = (const float4 *)(x + t * cols + i * PER);
+            float s = acc[t];
+#pragma unroll
+            for (int k = 0; k < PER / 4; k++) {
+                float4 a = __ldg(xv + k);
+                s = fmaf(wf[4 * k], a.x, s);
+                s = fmaf(wf[4 * k + 1], a.y, s);
+                s = fmaf(wf[4 * k + 2], a.z, s);
+                s = fmaf(wf[4 * k + 3], a.w, s);
+            }
+            acc[t] = s;
+        }
+    };
+    sweep_row<NT, U>(out, (const uint4 *)(w + row * row_bytes), cols / PER, row, rows, fold);
+}
+
+/* Q8_0 and Q4_K in the device layout (cu_repack_rows), a few tokens: a warp
+ * a row, as gemv_vec_kernel. A Q8_0 unit is 16 values of one block (its f16
+ * scale follows the row's quants); a Q4_K unit is one 32-value sub-block,
+ * byte t holding values t and 16 + t, so both decode in column order
+ * against contiguous x. Each unit's products are summed before its scale
+ * (and Q4_K's min) is applied. */
+template <int FMT, int NT, int U>
+__global__ void __launch_bounds__(256) gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x,
+                                                         const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
+                                                         int64_t row_bytes)
+{
+    constexpr int VALS = FMT == CU_Q8_0 ? 16 : 32; /* values a 16-byte unit holds */
+    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (row >= rows) return;
+    const uint8_t *wr = w + row * row_bytes;
+    auto fold = [&](int64_t i, uint4 v, float(&acc)[NT]) {
+        const uint32_t p[4] = {v.x, v.y, v.z, v.w};
+        float scale, shift = 0.0f;
+        if constexpr (FMT == CU_Q8_0) {
+            scale = h2f(__ldg((const unsigned short *)(wr + cols) + i / 2));
+        } else {
+            const uint8_t *hdr = wr + cols / 2 + (i / 8) * 16;
+            int sc, mn;
+            q4k_scale_min(hdr + 4, (int)(i % 8), &sc, &mn);
+            scale = h2f(ld16(hdr)) * (float)sc;
+            shift = h2f(ld16(hdr + 2)) * (float)mn;
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float4 *xv = (const float4 *)(x + t * cols + i * VALS);
+            float dot = 0.0f, xsum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < VALS / 4; k++) {
+                float4 a = __ldg(xv + k);
+                float q[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = 4 * k + e; /* the value's column within the unit */
+                    if constexpr (FMT == CU_Q8_0)
+                        q[e] = (float)(int8_t)(p[c / 4] >> (8 * (c % 4)));
+                    else
+                        q[e] = (float)((p[(c % 16) / 4] >> (8 * (c % 4) + (c < 16 ? 0 : 4))) & 0x0F);
+                }
+                dot = fmaf(q[0], a.x, fmaf(q[1], a.y, fmaf(q[2], a.z, fmaf(q[3], a.w, dot))));
+                if constexpr (FMT == CU_Q4_K) xsum += (a.x + a.y) + (a.z + a.w);
+            }
+            acc[t] = fmaf(scale, dot, acc[t]);
+            if constexpr (FMT == CU_Q4_K) acc[t] = fmaf(-shift, xsum, acc[t]);
+        }
+    };
+    sweep_row<NT, U>(out, (const uint4 *)wr, cols / VALS, row, rows, fold);
 }
 
 /* Block formats (and odd-sized plain rows): one warp per row, each lane
