@@ -7,6 +7,8 @@
 #       bash bench/cuda_longctx_run.sh
 #   BIN=.carry CTX="512 8192 32512" PREFILL_CHECK=1 QFMTS="q8_0 q4_k" TESTS=1 \
 #       bash bench/cuda_longctx_run.sh          (the issue's table)
+#   BIN=.carry BASE=.carry-base SWEEP="base:BIN=base;new:" ...   (before / after:
+#       a configuration with BIN=base runs the BASE carry's cuda_bench)
 #
 # 1. decode vs CPU on the 4-layer 4B shape (600 tokens) per CHECKS variant
 #    (with PREFILL_CHECK=1 the GPU's prefill against the CPU too, and the
@@ -41,8 +43,13 @@ fi
 IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:}"
 # bench_ctx MODEL CTX LABEL VARS ROUND: cuda_bench's prefill / decode / generate lines, one note
 bench_ctx() {
-    local line
-    line=$(env $(echo "$4" | tr ',' ' ') timeout 150 "$BIN/cuda_bench" "$1" --ctx $(($2 + 788)) --prefill "$2" \
+    local line bin=$BIN vars
+    vars=$(echo "$4" | tr ',' ' ')
+    if [[ " $vars " == *" BIN=base "* ]]; then # the BASE carry's binary (device_env.sh)
+        bin=$BASE
+        vars=${vars/BIN=base/}
+    fi
+    line=$(env $vars timeout 150 "$bin/cuda_bench" "$1" --ctx $(($2 + 788)) --prefill "$2" \
         --decode 128 ${CARD_TBS:+--card-tbs $CARD_TBS} 2>&1 | tee -a "$OUT/bench.log" |
         grep -E "^(prefill|decode|generate \(greedy|card)|rror" | tr '\n' ' ')
     note "$(basename "$1") ctx $2 $3 [$4] round $5: $line"

@@ -28,12 +28,21 @@ command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
 CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
 # BIN packed by bench/cuda_carry.sh (*.xz, runtime .debs, wheels/): unpacked
 # into $BIN/bin, which BIN then names, before the .debs below are needed
+unpack_carry() {
+    mkdir -p "$1/bin" .devdeps
+    for f in "$1"/*.xz; do xz -dc "$f" >"$1/bin/$(basename "$f" .xz)" && chmod +x "$1/bin/$(basename "$f" .xz)"; done
+    cp "$1"/*.deb .devdeps/ 2>/dev/null
+    [ -d "$1/wheels" ] && cp -r "$1/wheels" "$1/bin/"
+}
 if [ -n "${BIN:-}" ] && ls "$BIN"/*.xz >/dev/null 2>&1; then
-    mkdir -p "$BIN/bin" .devdeps
-    for f in "$BIN"/*.xz; do xz -dc "$f" >"$BIN/bin/$(basename "$f" .xz)" && chmod +x "$BIN/bin/$(basename "$f" .xz)"; done
-    cp "$BIN"/*.deb .devdeps/ 2>/dev/null
-    [ -d "$BIN/wheels" ] && cp -r "$BIN/wheels" "$BIN/bin/"
+    unpack_carry "$BIN"
     BIN=$BIN/bin
+fi
+# BASE: a second carry (another commit's binaries, for before / after in one
+# call), unpacked the same way; its cuda_bench is what a sweep's BIN=base runs
+if [ -n "${BASE:-}" ] && ls "$BASE"/*.xz >/dev/null 2>&1; then
+    unpack_carry "$BASE"
+    BASE=$(readlink -f "$BASE/bin")
 fi
 SYS=/tmp/sysroot
 if [ ! -f /usr/include/pcre2.h ] || [ ! -f /usr/include/cjson/cJSON.h ] || [ ! -f /usr/include/microhttpd.h ]; then
@@ -66,6 +75,8 @@ PROBE
 # removed first: a warm machine keeps /tmp, and no model is ready before it
 # is rewritten.
 start_models() {
+    # REUSE_MODELS=1: a second script in the same call keeps the first one's models
+    [ -n "${REUSE_MODELS:-}" ] && [ -f /tmp/m4b2.done ] && [ -f /tmp/m4b.done ] && return 0
     rm -f /tmp/m4b2.done /tmp/m4b.done
     ( timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/models.log" 2>&1
       echo done >/tmp/m4b2.done

@@ -20,6 +20,20 @@ constexpr int WARP = 32;
 /* an IEEE half's bits (the scales of Q8_0 / Q4_K / Q6_K, f16 weights) as a float */
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
+/* A Q4_K superblock's 16-byte header in the device layout (cu_repack_rows):
+ * bytes 0-3 d and dmin (f16, as in the file); bytes 4-11 byte j = sc_j |
+ * (mn_j >> 4) << 6; bytes 12-15 nibble j = mn_j & 15 (j = 0..7). The same
+ * 96 bits as the file's 6-bit scales and mins, placed so that sub-block j's
+ * pair is a byte permute and four shifts / masks instead of the file's
+ * case split (bench/cuda_runs.md run 27). w1..w3: header words 1..3. */
+__device__ __forceinline__ void q4k_dev_scale_min(uint32_t w1, uint32_t w2, uint32_t w3, int j, uint32_t *sc,
+                                                  uint32_t *mn)
+{
+    const uint32_t b = __byte_perm(w1, w2, (unsigned)j); /* byte j of bytes 4..11 */
+    *sc = b & 63u;
+    *mn = ((w3 >> (4 * j)) & 15u) | ((b >> 2) & 0x30u);
+}
+
 /* acc + 8 bf16 weights (w: pairs low half first) . x, x = (a, b) in order:
  * a bf16 is the top half of its float, so each is a shift or a mask */
 __device__ __forceinline__ float dot_bf16x8(uint4 w, float4 a, float4 b, float acc)

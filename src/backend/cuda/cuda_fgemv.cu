@@ -16,8 +16,9 @@
  *
  * The quantized rows are in the GPU layout cu_repack_rows makes at upload
  * (each row's quants first, then its scales), so a unit is one aligned
- * 16-byte load; the bits are the file's. Products are fp32 on dequantized
- * values: Q8_0 d * sum(q x), Q4_K a * sum(q x) - m * sum(x) per sub-block
+ * 16-byte load; the bits are the file's (Q4_K's 6-bit scales and mins
+ * reordered within their 12 bytes: q4k_dev_scale_min). Products are fp32
+ * on dequantized values: Q8_0 d * sum(q x), Q4_K a * sum(q x) - m * sum(x) per sub-block
  * (the sums of x per sub-block are computed once per launch).
  *
  * x is read from shared memory for every unit, at 2 (bf16) to 8 (Q4_K)
@@ -127,22 +128,14 @@ struct fmt_q4_k {
     /* (a lane's units all have the same j = i % 8: the compiler finds that;
      * selecting by a per-lane table instead cost 32 registers, a second block
      * an SM, bench/cuda_runs.md run 9) */
-    /* sub-block i % 8's d * scale (*a) and dmin * min (*m) from the header */
+    /* sub-block i % 8's d * scale (*a) and dmin * min (*m) from the header
+     * (the device layout, q4k_dev_scale_min) */
     __device__ static void scale_min(const unit &u, int i, float *a, float *m)
     {
-        /* sub-block j's 6-bit scale and min (model/quant.c's packing): for j < 4
-         * bytes j, j + 4; else the low / high nibbles of byte j + 4 with the
-         * top bits of bytes j - 4 / j. A = bytes 2c, 2c + 1 (c = j / 2), B =
-         * bytes 2c + 4, +5, Cw = bytes 2c - 4, -3 of the 12 scale bytes. */
-        const int j = i % 8, c = j / 2, sh = (c & 1) * 16, hb = (j & 1) * 8;
-        const uint32_t A = ((c < 2 ? u.h.y : u.h.z) >> sh) & 0xffffu;
-        const uint32_t B = ((c < 2 ? u.h.z : u.h.w) >> sh) & 0xffffu;
-        const uint32_t Cw = (u.h.y >> sh) & 0xffffu;
-        const uint32_t sc2 = c < 2 ? A & 0x3f3fu : (B & 0x0f0fu) | ((Cw >> 2) & 0x3030u);
-        const uint32_t mn2 = c < 2 ? B & 0x3f3fu : ((B >> 4) & 0x0f0fu) | ((A >> 2) & 0x3030u);
-        const float sc = (float)((sc2 >> hb) & 0xffu), mn = (float)((mn2 >> hb) & 0xffu);
-        *a = h2f((uint16_t)u.h.x) * sc;
-        *m = h2f((uint16_t)(u.h.x >> 16)) * mn;
+        uint32_t sc, mn;
+        q4k_dev_scale_min(u.h.y, u.h.z, u.h.w, i % 8, &sc, &mn);
+        *a = h2f((uint16_t)u.h.x) * (float)sc;
+        *m = h2f((uint16_t)(u.h.x >> 16)) * (float)mn;
     }
     __device__ static float dot(const unit &u, const float4 *xs4, const float *xsum, int i, int nvec, float acc)
     {
@@ -523,7 +516,17 @@ __global__ void repack_rows_kernel(uint8_t *dst, const uint8_t *src, int dtype, 
             for (int k = 0; k < 32; k++) d[32 * b + k] = blk[2 + k];
         } else { /* sub-block j of the file's superblock: chunk j / 2, nibble j % 2 */
             const uint8_t *blk = s + b * 144;
-            for (int k = 0; k < 16; k++) d[cols / 2 + 16 * b + k] = blk[k];
+            uint8_t *hdr = d + cols / 2 + 16 * b; /* q4k_dev_scale_min's layout */
+            uint32_t mn_lo = 0;
+            for (int k = 0; k < 4; k++) hdr[k] = blk[k];
+            for (int j = 0; j < 8; j++) { /* the file's 6-bit pair of sub-block j (model/quant.c) */
+                const uint8_t *f = blk + 4;
+                const int sc = j < 4 ? f[j] & 63 : (f[j + 4] & 0x0F) | ((f[j - 4] >> 6) << 4);
+                const int mn = j < 4 ? f[j + 4] & 63 : (f[j + 4] >> 4) | ((f[j] >> 6) << 4);
+                hdr[4 + j] = (uint8_t)(sc | (mn >> 4) << 6);
+                mn_lo |= (uint32_t)(mn & 15) << (4 * j);
+            }
+            for (int k = 0; k < 4; k++) hdr[12 + k] = (uint8_t)(mn_lo >> (8 * k));
             for (int j = 0; j < 8; j++) {
                 const uint8_t *qs = blk + 16 + 32 * (j / 2);
                 const int sh = 4 * (j & 1);

@@ -26,7 +26,8 @@ enum { CU_F32 = 0, CU_F16, CU_BF16, CU_Q8_0, CU_Q4_0, CU_Q4_K, CU_Q6_K };
 /* Q8_0 and Q4_K matrices live on the device in a layout of their own, made
  * at upload by cu_repack_rows (cuda_fgemv.cu): each row's quants first, then
  * its scales (Q8_0: the f16 d of every block; Q4_K: every superblock's
- * 16-byte header; Q4_K quants 16 bytes per sub-block, byte t = values t and
+ * 16-byte header, its 6-bit scales and mins reordered as q4k_dev_scale_min
+ * reads them; Q4_K quants 16 bytes per sub-block, byte t = values t and
  * 16 + t), the same bits and row size as the file's. Every kernel
  * that reads such weights (dq32: cu_gemv, cu_dequant_rows, cu_embed; fgemv)
  * reads that layout. */
