@@ -19,10 +19,6 @@
 
 #include "gemv_lab.h"
 
-enum { E = 2560, FF = 10240, QKV = 6144, HEADS = 16, QD = 4096, LAYERS = 36, VOCAB = 131072, PER_LAYER = 6 };
-
-typedef struct mat { int64_t rows, cols; const uint8_t *data; size_t rb; } mat;
-
 static int16_t xq[FF] __attribute__((aligned(64)));
 static float xd[FF / 32];
 static float fake_f16[65536];
@@ -157,9 +153,10 @@ static void task(void *arg, int ith, int nth)
     job *j = arg;
     const mat *m = j->m;
     if (!j->fn) { /* contiguous halves, the probe's loop */
-        size_t bytes = (size_t)m->rows * m->rb, lo = bytes * ith / nth / 256 * 256, hi = ith == nth - 1 ? bytes : bytes * (ith + 1) / nth / 256 * 256;
+        int64_t lo, hi;
+        lab_split((int64_t)(m->rows * m->rb), ith, nth, 256, &lo, &hi);
         size_t tail = (size_t)j->ahead_kb * 1024;
-        if (j->nextm && hi - lo > 2 * tail) {
+        if (j->nextm && (size_t)(hi - lo) > 2 * tail) {
             j->sink[ith & 1] += lab_stream_sum(m->data + lo, hi - lo - tail, j->pf);
             const mat *n = j->nextm;
             size_t nb = (size_t)n->rows * n->rb, nlo = nb * ith / nth / 256 * 256;
@@ -171,7 +168,8 @@ static void task(void *arg, int ith, int nth)
         return;
     }
     if (!j->guided) {
-        int64_t lo = m->rows * ith / nth / 16 * 16, hi = ith == nth - 1 ? m->rows : m->rows * (ith + 1) / nth / 16 * 16;
+        int64_t lo, hi;
+        lab_split(m->rows, ith, nth, 16, &lo, &hi);
         j->fn(m->data + (size_t)lo * m->rb, m->rb, hi - lo, m->cols, j->y + lo, j->pf);
         return;
     }
@@ -188,26 +186,16 @@ static void task(void *arg, int ith, int nth)
 
 typedef struct variant { const char *name; lab_gemv_fn fn; int pf, guided, div, minkb, prime, ahead_kb; } variant;
 
+static size_t row_bytes(int64_t cols) { return (size_t)cols / 32 * 34; }
+
 int main(int argc, char **argv)
 {
     int threads = 2, rounds = argc > 1 ? atoi(argv[1]) : 6;
-    static const int64_t shape[PER_LAYER][2] = {{QKV, E}, {HEADS, E}, {E, QD}, {FF, E}, {FF, E}, {E, FF}};
-    int nmat = LAYERS * PER_LAYER + 1;
-    mat *ms = calloc((size_t)nmat, sizeof *ms);
-    size_t total = 0;
-    for (int i = 0; i < nmat; i++) {
-        ms[i].rows = i < LAYERS * PER_LAYER ? shape[i % PER_LAYER][0] : VOCAB;
-        ms[i].cols = i < LAYERS * PER_LAYER ? shape[i % PER_LAYER][1] : E;
-        ms[i].rb = (size_t)ms[i].cols / 32 * 34;
-        total += (ms[i].rb * (size_t)ms[i].rows + 63) & ~(size_t)63;
-    }
-    uint8_t *buf = lab_thp_buffer(total);
+    int nmat;
+    size_t total;
+    uint8_t *buf;
+    mat *ms = lab_layout(row_bytes, &nmat, &total, &buf);
     for (size_t i = 0; i < total; i++) buf[i] = (uint8_t)((i * 2654435761u) >> 13);
-    size_t off = 0;
-    for (int i = 0; i < nmat; i++) {
-        ms[i].data = buf + off;
-        off += (ms[i].rb * (size_t)ms[i].rows + 63) & ~(size_t)63;
-    }
     for (int i = 0; i < 65536; i++) fake_f16[i] = 1e-3f * (float)(i & 255);
     for (int i = 0; i < FF; i++) xq[i] = (int16_t)(i * 37 % 2001 - 1000);
     for (int i = 0; i < FF / 32; i++) xd[i] = 1e-4f;

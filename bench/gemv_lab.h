@@ -42,6 +42,18 @@ __attribute__((target("avx512f"))) static float lab_stream_sum(const uint8_t *p,
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
 }
 
+/* The 4B shape (SPEC §1) and its decode's matrices: 36 layers of six, then the head. */
+enum { E = 2560, FF = 10240, QKV = 6144, HEADS = 16, QD = 4096, LAYERS = 36, VOCAB = 131072, PER_LAYER = 6 };
+
+typedef struct mat { int64_t rows, cols; const uint8_t *data; size_t rb; } mat;
+
+/* [lo, hi) of part ith of nth of n items, bounds whole multiples of align (the last part takes the rest) */
+static void lab_split(int64_t n, int ith, int nth, int64_t align, int64_t *lo, int64_t *hi)
+{
+    *lo = n * ith / nth / align * align;
+    *hi = ith == nth - 1 ? n : n * (ith + 1) / nth / align * align;
+}
+
 /* matmul.c's claim_rows: 1/(div nth) of the rows still unclaimed, whole 16-row groups, >= min_rows */
 static int lab_claim(_Atomic int64_t *next, int64_t rows, int nth, int div, int64_t min_rows, int64_t *lo, int64_t *hi)
 {
@@ -71,6 +83,32 @@ static uint8_t *lab_thp_buffer(size_t bytes)
     uint8_t *buf = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
     madvise(buf, bytes, MADV_HUGEPAGE);
     return buf;
+}
+
+/* The decode's matrices in one THP buffer (lab_thp_buffer), rows of
+ * row_bytes(cols) bytes, each matrix 64-byte aligned; the buffer's bytes are
+ * left for the caller to fill. Returns the matrices (*nmat of them). */
+static mat *lab_layout(size_t (*row_bytes)(int64_t cols), int *nmat, size_t *total, uint8_t **buf)
+{
+    static const int64_t shape[PER_LAYER][2] = {{QKV, E}, {HEADS, E}, {E, QD}, {FF, E}, {FF, E}, {E, FF}};
+    const int n = LAYERS * PER_LAYER + 1;
+    mat *ms = calloc((size_t)n, sizeof *ms);
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        ms[i].rows = i < LAYERS * PER_LAYER ? shape[i % PER_LAYER][0] : VOCAB;
+        ms[i].cols = i < LAYERS * PER_LAYER ? shape[i % PER_LAYER][1] : E;
+        ms[i].rb = row_bytes(ms[i].cols);
+        bytes += (ms[i].rb * (size_t)ms[i].rows + 63) & ~(size_t)63;
+    }
+    *buf = lab_thp_buffer(bytes);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        ms[i].data = *buf + off;
+        off += (ms[i].rb * (size_t)ms[i].rows + 63) & ~(size_t)63;
+    }
+    *nmat = n;
+    *total = bytes;
+    return ms;
 }
 
 /* LAB_VARIANTS=0,3,4 (the first is the reference), else all nv; returns the count */

@@ -17,10 +17,6 @@
 
 #include "gemv_lab.h"
 
-enum { E = 2560, FF = 10240, QKV = 6144, HEADS = 16, QD = 4096, LAYERS = 36, VOCAB = 151936, PER_LAYER = 6 };
-
-typedef struct mat { int64_t rows, cols; const uint8_t *data; size_t rb; } mat;
-
 static float xf[FF] __attribute__((aligned(64)));
 static float xeo[FF] __attribute__((aligned(64))); /* per 32 columns: 16 even, then 16 odd */
 
@@ -141,13 +137,14 @@ static void task(void *arg, int ith, int nth)
     job *j = arg;
     const mat *m = j->m;
     if (!j->fn) { /* contiguous halves, the probe's loop */
-        size_t bytes = (size_t)m->rows * m->rb, lo = bytes * ith / nth / 256 * 256,
-               hi = ith == nth - 1 ? bytes : bytes * (ith + 1) / nth / 256 * 256;
+        int64_t lo, hi;
+        lab_split((int64_t)(m->rows * m->rb), ith, nth, 256, &lo, &hi);
         j->sink[ith & 1] += lab_stream_sum(m->data + lo, hi - lo, 1024);
         return;
     }
     if (j->halves) {
-        int64_t lo = m->rows * ith / nth / 16 * 16, hi = ith == nth - 1 ? m->rows : m->rows * (ith + 1) / nth / 16 * 16;
+        int64_t lo, hi;
+        lab_split(m->rows, ith, nth, 16, &lo, &hi);
         j->fn(m->data + (size_t)lo * m->rb, m->rb, hi - lo, m->cols, j->y + lo);
         return;
     }
@@ -159,28 +156,18 @@ static void task(void *arg, int ith, int nth)
 
 typedef struct variant { const char *name; lab_gemv_fn fn; int halves; } variant;
 
+static size_t row_bytes(int64_t cols) { return (size_t)cols * 2; }
+
 int main(int argc, char **argv)
 {
     int threads = 2, rounds = argc > 1 ? atoi(argv[1]) : 6;
-    static const int64_t shape[PER_LAYER][2] = {{QKV, E}, {HEADS, E}, {E, QD}, {FF, E}, {FF, E}, {E, FF}};
-    int nmat = LAYERS * PER_LAYER + 1;
-    mat *ms = calloc((size_t)nmat, sizeof *ms);
-    size_t total = 0;
-    for (int i = 0; i < nmat; i++) {
-        ms[i].rows = i < LAYERS * PER_LAYER ? shape[i % PER_LAYER][0] : VOCAB;
-        ms[i].cols = i < LAYERS * PER_LAYER ? shape[i % PER_LAYER][1] : E;
-        ms[i].rb = (size_t)ms[i].cols * 2;
-        total += (ms[i].rb * (size_t)ms[i].rows + 63) & ~(size_t)63;
-    }
-    uint8_t *buf = lab_thp_buffer(total);
+    int nmat;
+    size_t total;
+    uint8_t *buf;
+    mat *ms = lab_layout(row_bytes, &nmat, &total, &buf);
     for (size_t i = 0; i < total; i += 2) { /* bf16 values in [0.5, 2): exponent 0x3f, random mantissa */
         uint16_t v = (uint16_t)(0x3f00 | ((i * 2654435761u) >> 13 & 0xff));
         memcpy(buf + i, &v, 2);
-    }
-    size_t off = 0;
-    for (int i = 0; i < nmat; i++) {
-        ms[i].data = buf + off;
-        off += (ms[i].rb * (size_t)ms[i].rows + 63) & ~(size_t)63;
     }
     for (int i = 0; i < FF; i++) xf[i] = 1e-3f * (float)(i * 37 % 2001 - 1000);
     for (int c = 0; c < FF; c += 32)
