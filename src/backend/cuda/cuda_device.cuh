@@ -289,17 +289,6 @@ __device__ __forceinline__ void pdl_wait()
 #endif
 }
 
-/* Asks for [p, p + bytes) in L1, a 128-byte line a thread in turn: for what a
- * block reads only after a barrier or in a later round of a loop (the norm's
- * weights, the rest of x), so those L2 round trips overlap the ones before
- * them instead of following them (bench/cuda_runs.md run 27). No registers,
- * nothing waited for. */
-__device__ __forceinline__ void prefetch_l1(const void *p, size_t bytes, int threads)
-{
-    for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)threads * 128)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)p + o));
-}
-
 __device__ __forceinline__ void pdl_release()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -374,10 +374,8 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
     int64_t g = blockIdx.x;
     tl_mark(a.tl, 0);
     load(g, v); /* weights only: before the wait */
-    if (a.prefetch_x && a.nw) prefetch_l1(a.nw, (size_t)a.cols * sizeof(float), FG_THREADS); /* a weight */
     pdl_wait();
     pdl_release();
-    if (a.prefetch_x) prefetch_l1(a.x, (size_t)a.cols * sizeof(float), FG_THREADS);
     tl_mark(a.tl, 1);
     if (a.stamps && blockIdx.x == 0 && threadIdx.x == 0) { /* the folded phase stamp (cuda_hooks.cu) */
         unsigned long long t;
@@ -630,20 +628,6 @@ bool fg_x16(int dtype)
     return mode != 0 && fg_db() && (dtype == CU_Q8_0 || dtype == CU_Q4_K);
 }
 
-/* Whether a launch first asks for its norm weights (before the dependency
- * wait) and x (after it) in L1 (default on, SPARK_CUDA_XPF=0 off): the norm
- * weights are otherwise read after the block's sum-of-squares barrier, and
- * int16 x of 10240 values in three dependent rounds (bench/cuda_runs.md run 27). */
-int fg_prefetch_x()
-{
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("SPARK_CUDA_XPF");
-        mode = e && *e ? atoi(e) != 0 : 1;
-    }
-    return mode;
-}
-
 /* values per unit, bytes read per unit, NV choices, rows a warp of a single matrix */
 void fg_format(int dtype, int *vals, double *bytes, int *nnv, int *rw)
 {
@@ -784,9 +768,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
         fprintf(stderr, "fgemv %lld x %d%s (dtype %d): KS %d NV %d%s%s, %u blocks (%.0f KB in flight per SM)\n",
                 (long long)R, a->cols, pair ? " pair" : "", a->dtype, best_ks, best_nv,
                 fg_x16(a->dtype) ? " X16" : "", fg_db() ? " DB" : "", best_grid, best_fly / 1e3);
-    cu_fgemv_args la = *a;
-    la.prefetch_x = fg_prefetch_x();
-    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, la);
+    cudaError_t e = launch_ex(pdl != 0, dim3(best_grid), dim3(FG_THREADS), smem, st, best, *a);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }

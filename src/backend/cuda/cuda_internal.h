@@ -183,7 +183,6 @@ typedef struct cu_fgemv_args {
     float steer_alpha;          /* steering `add` after the residual add: */
     const float *steer_dir;     /* resid[r] += alpha * dir[r] */
     unsigned long long *tl;     /* SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
-    int prefetch_x;             /* set by cu_fgemv: nw and x asked for in L1 first (SPARK_CUDA_XPF) */
 } cu_fgemv_args;
 
 /* SPARK_CUDA_TIMELINE's record of one launch (the tl fields above): block b's
