@@ -159,8 +159,9 @@ static void task(void *arg, int ith, int nth)
         if (j->nextm && (size_t)(hi - lo) > 2 * tail) {
             j->sink[ith & 1] += lab_stream_sum(m->data + lo, hi - lo - tail, j->pf);
             const mat *n = j->nextm;
-            size_t nb = (size_t)n->rows * n->rb, nlo = nb * ith / nth / 256 * 256;
-            for (size_t o = 0; o < tail && nlo + o < nb; o += 64) _mm_prefetch((const char *)n->data + nlo + o, _MM_HINT_T1);
+            int64_t nb = (int64_t)(n->rows * n->rb), nlo, nhi;
+            lab_split(nb, ith, nth, 256, &nlo, &nhi);
+            for (int64_t o = 0; o < (int64_t)tail && nlo + o < nb; o += 64) _mm_prefetch((const char *)n->data + nlo + o, _MM_HINT_T1);
             j->sink[ith & 1] += lab_stream_sum(m->data + hi - tail, tail, j->pf);
             return;
         }
