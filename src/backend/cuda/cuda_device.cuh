@@ -34,6 +34,16 @@ __device__ __forceinline__ void q4k_dev_scale_min(uint32_t w1, uint32_t w2, uint
     *mn = ((w3 >> (4 * j)) & 15u) | ((b >> 2) & 0x30u);
 }
 
+/* Sub-block j's d * scale (*a) and dmin * min (*m) from a Q4_K header in
+ * the device layout (its 16 bytes as one load): y = a * q - m. */
+__device__ __forceinline__ void q4k_dev_sub_scale(const uint4 &h, int j, float *a, float *m)
+{
+    uint32_t sc, mn;
+    q4k_dev_scale_min(h.y, h.z, h.w, j, &sc, &mn);
+    *a = h2f((uint16_t)h.x) * (float)sc;
+    *m = h2f((uint16_t)(h.x >> 16)) * (float)mn;
+}
+
 /* acc + 8 bf16 weights (w: pairs low half first) . x, x = (a, b) in order:
  * a bf16 is the top half of its float, so each is a shift or a mask */
 __device__ __forceinline__ float dot_bf16x8(uint4 w, float4 a, float4 b, float acc)

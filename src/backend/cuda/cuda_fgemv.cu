@@ -18,8 +18,8 @@
  * (each row's quants first, then its scales), so a unit is one aligned
  * 16-byte load; the bits are the file's (Q4_K's 6-bit scales and mins
  * reordered within their 12 bytes: q4k_dev_scale_min). Products are fp32
- * on dequantized values: Q8_0 d * sum(q x), Q4_K a * sum(q x) - m * sum(x) per sub-block
- * (the sums of x per sub-block are computed once per launch).
+ * on dequantized values: Q8_0 d * sum(q x), Q4_K a * sum(q x) - m * sum(x)
+ * per sub-block (the sums of x per sub-block are computed once per launch).
  *
  * x is read from shared memory for every unit, at 2 (bf16) to 8 (Q4_K)
  * bytes of x per weight byte; it is stored transposed by units so those
@@ -128,15 +128,8 @@ struct fmt_q4_k {
     /* (a lane's units all have the same j = i % 8: the compiler finds that;
      * selecting by a per-lane table instead cost 32 registers, a second block
      * an SM, bench/cuda_runs.md run 9) */
-    /* sub-block i % 8's d * scale (*a) and dmin * min (*m) from the header
-     * (the device layout, q4k_dev_scale_min) */
-    __device__ static void scale_min(const unit &u, int i, float *a, float *m)
-    {
-        uint32_t sc, mn;
-        q4k_dev_scale_min(u.h.y, u.h.z, u.h.w, i % 8, &sc, &mn);
-        *a = h2f((uint16_t)u.h.x) * (float)sc;
-        *m = h2f((uint16_t)(u.h.x >> 16)) * (float)mn;
-    }
+    /* sub-block i % 8's d * scale (*a) and dmin * min (*m) from the header */
+    __device__ static void scale_min(const unit &u, int i, float *a, float *m) { q4k_dev_sub_scale(u.h, i % 8, a, m); }
     __device__ static float dot(const unit &u, const float4 *xs4, const float *xsum, int i, int nvec, float acc)
     {
         float a, dm;

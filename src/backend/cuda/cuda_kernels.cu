@@ -31,17 +31,6 @@ __device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return *(const uint
 
 /* ---- weight decoding: 32 consecutive values of a row ---------------------- */
 
-/* The 6-bit scale and min of sub-block j (0..7) from a Q4_K header in the
- * device layout (q4k_dev_scale_min); h: the header, 16-byte aligned. */
-__device__ __forceinline__ void q4k_scale_min(const uint8_t *h, int j, int *sc, int *mn)
-{
-    const uint4 w = *(const uint4 *)h;
-    uint32_t s, m;
-    q4k_dev_scale_min(w.y, w.z, w.w, j, &s, &m);
-    *sc = (int)s;
-    *mn = (int)m;
-}
-
 /* y[0..31] = values [32g, 32g + 32) of a row (zeros past `cols` for the plain
  * formats; block formats always hold whole groups). Layouts: model/quant.c,
  * except Q8_0 and Q4_K, which are in the device layout of cu_repack_rows
@@ -80,13 +69,10 @@ __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, flo
         return;
     }
     case CU_Q4_K: {
-        const uint8_t *b = row + cols / 2 + (g / 8) * 16; /* the superblock's header */
-        int j = (int)(g % 8);
-        float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
-        int sc, mn;
-        q4k_scale_min(b, j, &sc, &mn);
+        const uint4 *hdr = (const uint4 *)(row + cols / 2) + g / 8; /* the superblock's header */
+        float a, m;
+        q4k_dev_sub_scale(*hdr, (int)(g % 8), &a, &m);
         const uint8_t *q = row + 16 * g; /* sub-block g: byte t holds values t (low nibble) and 16 + t */
-        float a = d * (float)sc, m = dmin * (float)mn;
         for (int l = 0; l < 32; l++) y[l] = a * (float)((q[l & 15] >> (l < 16 ? 0 : 4)) & 0x0F) - m;
         return;
     }
@@ -213,11 +199,7 @@ __global__ void __launch_bounds__(256) gemv_quant_kernel(float *__restrict__ out
         if constexpr (FMT == CU_Q8_0) {
             scale = h2f(__ldg((const unsigned short *)(wr + cols) + i / 2));
         } else {
-            const uint8_t *hdr = wr + cols / 2 + (i / 8) * 16;
-            int sc, mn;
-            q4k_scale_min(hdr, (int)(i % 8), &sc, &mn);
-            scale = h2f(ld16(hdr)) * (float)sc;
-            shift = h2f(ld16(hdr + 2)) * (float)mn;
+            q4k_dev_sub_scale(*((const uint4 *)(wr + cols / 2) + i / 8), (int)(i % 8), &scale, &shift);
         }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
