@@ -24,7 +24,9 @@ the one-launch attention also its phases, per block from its wait (marks 3-7
 of cuda_attn_step.cu; medians over blocks, then over launches): q / gate
 loads, rope and the owner's store; the key tiles; the warps' merge; the
 cluster barrier; the merge through distributed shared memory; the last
-cluster barrier.
+cluster barrier. For the fused GEMVs, per block from its wait (mark 3 of
+cuda_fgemv.cu): the prologue (x loaded, normalised, for Q8_0 / Q4_K rounded
+to int16), then the products and writes of the block's row groups.
 """
 import argparse
 import json
@@ -34,6 +36,8 @@ import sys
 
 PHASES = [("q_rope_us", 1, 3), ("tiles_us", 3, 4), ("warp_merge_us", 4, 5), ("cl_sync_us", 5, 6),
           ("dsmem_merge_us", 6, 7), ("last_bar_us", 7, 2)]
+# a fused GEMV's (cuda_fgemv.cu: mark 3, x ready)
+GEMV_PHASES = [("prologue_us", 1, 3), ("products_us", 3, 2)]
 
 
 def kind_of(r):
@@ -91,6 +95,9 @@ def main():
             arrive = [x[5] - x[1] for x in b]
             d["skew_us"] = (max(arrive) - statistics.median(arrive)) / 1e3
             d["slowest_block"] = arrive.index(max(arrive))
+        if r["op"] == "fgemv" and len(b[0]) >= 4 and all(x[3] for x in b):
+            for name, m0, m1 in GEMV_PHASES:
+                d[name] = statistics.median(x[m1] - x[m0] for x in b) / 1e3
         per_kind.setdefault(k, []).append(d)
         if args.layers:
             print(f"{r['launch']:4d} {k:26s} " + " ".join(f"{n}={v:.3f}" if isinstance(v, float) else f"{n}={v}"
@@ -106,6 +113,9 @@ def main():
         print(f"{k:30s} {len(ds):4d} " + " ".join(vals))
     print(f"step: {len(rows)} launches, sum of spans {total:.1f} us (from the first launch's exit)")
     for k, ds in per_kind.items():
+        if "prologue_us" in ds[0]:
+            print(f"{k} phases (us, per block from its wait): " +
+                  ", ".join(f"{n[:-3]} {statistics.median(d[n] for d in ds):.3f}" for n, _, _ in GEMV_PHASES))
         if "tiles_us" in ds[0]:
             print(f"{k} phases (us, per block from its wait): " +
                   ", ".join(f"{n[:-3]} {statistics.median(d[n] for d in ds):.3f}" for n, _, _ in PHASES) +

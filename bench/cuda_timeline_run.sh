@@ -12,7 +12,8 @@
 #    cuda_bench per TLSWEEP configuration (default "default:") without and
 #    with the timeline, and the timeline's table for each;
 # 2b. with QFMTS="q8_0 q4_k" the 36-layer model quantized here to each, and
-#    cuda_bench per TLSWEEP configuration on it (timeline off);
+#    cuda_bench per TLSWEEP configuration on it (timeline off; with
+#    QTIMELINE=1 again with it on, and its table);
 # 3. with TESTS=1 the GPU test files (test_cuda, test_cuda_hooks, test_bench,
 #    test_pick); with TEST_ENV="VAR=V,..." test_cuda.py again under it;
 # 4. a memcheck of spark-tiny's decode with the timeline on (and again under
@@ -57,7 +58,13 @@ for fmt in ${QFMTS:-}; do
     stamp "36 layers in $fmt"
     timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
     for cfg in "${CONFIGS[@]}"; do
-        note "$fmt ${cfg%%:*} [${cfg#*:}]: $(bench_line /tmp/m4b-$fmt.gguf $(echo "${cfg#*:}" | tr ',' ' '))"
+        label=$fmt-${cfg%%:*}
+        vars=$(echo "${cfg#*:}" | tr ',' ' ')
+        note "$fmt ${cfg%%:*} [${cfg#*:}]: $(bench_line /tmp/m4b-$fmt.gguf $vars)"
+        if [ -n "${QTIMELINE:-}" ]; then
+            note "$fmt ${cfg%%:*} [${cfg#*:}] timeline on: $(bench_line /tmp/m4b-$fmt.gguf $vars SPARK_CUDA_TIMELINE=$OUT/tl-$label.jsonl)"
+            [ -s "$OUT/tl-$label.jsonl" ] && python3 bench/cuda_timeline.py "$OUT/tl-$label.jsonl" 2>&1 | tee -a "$SUMMARY"
+        fi
     done
     rm -f /tmp/m4b-$fmt.gguf
 done

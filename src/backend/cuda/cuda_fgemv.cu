@@ -399,6 +399,7 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
         }
         xsum = sums;
     }
+    tl_mark(a.tl, 3); /* x ready: the prologue's end */
 
     int par = 0;
     for (;;) {
