@@ -166,6 +166,39 @@ def test_attention_step_kernel_matches_cpu(models, name, tmp_path, monkeypatch):
     check(f"decode (split kernels) {m.name} vs cpu", off, cpu)
 
 
+def test_timeline_marks_every_block_in_order(models, tmp_path, monkeypatch):
+    """SPARK_CUDA_TIMELINE (cuda_graph.cu, tl_mark): the last decode step's
+    fused GEMVs and one-launch attentions each get a record whose every block
+    entered, passed its dependency wait and exited in that order, with the
+    marks inside (the GEMV's x ready, the attention's five phases) between
+    the wait and the exit; the marks must not change a logit; and
+    bench/cuda_timeline.py reads the file."""
+    import subprocess
+    import sys
+
+    m = models[("d256_gqa4_w16", "bf16")]  # the 4B's head_dim: the fast decode path
+    plain = logits(tmp_path, m.hf, m.ids, "--all", "--mode", "decode", "--gpu")
+    tl = tmp_path / "tl.jsonl"
+    monkeypatch.setenv("SPARK_CUDA_TIMELINE", str(tl))
+    marked = logits(tmp_path, m.hf, m.ids, "--all", "--mode", "decode", "--gpu")
+    assert np.array_equal(plain, marked), "the timeline changed the logits"
+    recs = [json.loads(line) for line in tl.read_text().splitlines() if line.strip()]
+    ops = {r["op"] for r in recs}
+    assert "fgemv" in ops, f"launch kinds recorded: {ops}"
+    for r in recs:
+        assert r["blocks"], f"launch {r['launch']} ({r['op']}): no blocks"
+        for b, marks in enumerate(r["blocks"]):
+            entry, waited, left = marks[0], marks[1], marks[2]
+            assert 0 < entry <= waited <= left, f"launch {r['launch']} block {b}: {marks[:3]}"
+            # every GEMV block marks x ready; the attention's phases where its blocks reach them
+            inner = [3] if r["op"] == "fgemv" else [k for k in range(3, 8) if marks[k]]
+            for k in inner:
+                assert waited <= marks[k] <= left, f"launch {r['launch']} ({r['op']}) block {b} mark {k}: {marks}"
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "cuda_timeline.py"), str(tl)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "sum of spans" in out and "prologue" in out, out
+
+
 @pytest.mark.parametrize("batch", ["3", "13"])
 def test_chunked_prefill_matches_cpu(models, batch, tmp_path):
     """Chunks of 3 run the GEMV path (bf16: n <= 3), chunks of 13 cuBLAS with a short tail."""
