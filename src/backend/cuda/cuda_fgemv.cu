@@ -273,13 +273,18 @@ __device__ __forceinline__ void load_x16(const cu_fgemv_args &a, uint4 *xq, floa
 #pragma unroll
         for (int k = 0; k < 4; k++) v[k] = in ? x4[4 * h + k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (nw4 && in) { /* the same operations as load_norm_x */
+            /* all four weights loaded before the first store to xn: a load
+             * after it could alias it, so the compiler would issue the four
+             * L2 round trips one after another (bench/cuda_runs.md run 27) */
+            float4 w[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) w[k] = nw4[4 * h + k];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const float4 w = nw4[4 * h + k];
-                v[k].x = v[k].x * inv * w.x;
-                v[k].y = v[k].y * inv * w.y;
-                v[k].z = v[k].z * inv * w.z;
-                v[k].w = v[k].w * inv * w.w;
+                v[k].x = v[k].x * inv * w[k].x;
+                v[k].y = v[k].y * inv * w[k].y;
+                v[k].z = v[k].z * inv * w[k].z;
+                v[k].w = v[k].w * inv * w[k].w;
                 if (xn4) xn4[4 * h + k] = v[k];
             }
         }
