@@ -112,15 +112,30 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
         const float inv = 1.0f / sqrtf(tot / (float)a.cols + a.eps);
         const float4 *nw4 = (const float4 *)a.nw;
         float4 *xn4 = blockIdx.x == 0 && a.xn ? (float4 *)a.xn : NULL;
-        for (int i = threadIdx.x; i < c4; i += THREADS) {
-            float4 t = xs4[at(i)];
-            const float4 w = THROUGH_L2 ? __ldg(nw4 + i) : nw4[i];
-            t.x = t.x * inv * w.x;
-            t.y = t.y * inv * w.y;
-            t.z = t.z * inv * w.z;
-            t.w = t.w * inv * w.w;
-            xs4[at(i)] = t;
-            if (xn4) xn4[i] = t;
+        /* a thread's weights, up to NWP of them, loaded before its first
+         * store to xn: a load after that store could alias it, so the
+         * compiler would issue the round trips one after another (bench/
+         * cuda_runs.md run 27) */
+        constexpr int NWP = 4;
+        for (int i0 = threadIdx.x; i0 < c4; i0 += NWP * THREADS) {
+            float4 w[NWP];
+#pragma unroll
+            for (int k = 0; k < NWP; k++) {
+                const int i = i0 + k * THREADS;
+                w[k] = i >= c4 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : THROUGH_L2 ? __ldg(nw4 + i) : nw4[i];
+            }
+#pragma unroll
+            for (int k = 0; k < NWP; k++) {
+                const int i = i0 + k * THREADS;
+                if (i >= c4) break;
+                float4 t = xs4[at(i)];
+                t.x = t.x * inv * w[k].x;
+                t.y = t.y * inv * w[k].y;
+                t.z = t.z * inv * w[k].z;
+                t.w = t.w * inv * w[k].w;
+                xs4[at(i)] = t;
+                if (xn4) xn4[i] = t;
+            }
         }
     } else {
         for (int i = threadIdx.x; i < c4; i += THREADS) xs4[at(i)] = THROUGH_L2 ? __ldcg(x4 + i) : x4[i];
