@@ -319,6 +319,14 @@ __device__ __forceinline__ void load_x16(const cu_fgemv_args &a, uint4 *xq, floa
     __syncthreads();
 }
 
+/* 4 bytes global -> shared without a register (cp.async), for a value a
+ * thread reads only at the end of a row group (its residual row): the read
+ * is issued early and its L2 round trip overlaps the products */
+__device__ __forceinline__ void cp4_early(float *dst, const float *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+
 /* Work: "groups" of FG_WARPS / KS row sets; warp w of a block takes row set
  * w / KS of the group (RW consecutive rows, or a gate / up row pair when
  * PAIR) and the (w % KS)-th of KS equal unit segments, each lane NV units
@@ -340,6 +348,7 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
     extern __shared__ float4 xs4[];
     __shared__ float part[2][FG_WARPS][NR];
     __shared__ float red[FG_WARPS];
+    __shared__ float early[2][FG_WARPS][NR]; /* a warp's residual rows and steering entries (cp4_early) */
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int seg = warp % KS, rl = warp / KS;
     const int nvec = a.cols / F::VALS;
@@ -406,6 +415,25 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
     }
     tl_mark(a.tl, 3); /* x ready: the prologue's end */
 
+    /* a group's residual rows (and steering entries), read by the warps
+     * that write them: asked for before the group's products (the first
+     * group's here, the next one's as each group ends), not after the store
+     * to out0, behind which their L2 round trip was exposed at every group's
+     * end (bench/cuda_runs.md run 27; fuse() never makes resid alias out0) */
+    const bool early_rows = !PAIR && a.resid && lane == 0 && (KS == 1 || seg == 0);
+    auto ask_rows = [&](int64_t gg) {
+#pragma unroll
+        for (int q = 0; q < NR; q++) {
+            const int64_t r = row_of(gg, q);
+            if (r < a.rows0) {
+                cp4_early(&early[0][warp][q], a.resid + r);
+                if (a.steer_dir) cp4_early(&early[1][warp][q], a.steer_dir + r);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    if (early_rows) ask_rows(g);
+
     int par = 0;
     for (;;) {
         const int64_t gn = g + gridDim.x;
@@ -469,6 +497,7 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
                     a.out1[r] = up;
                 }
             } else {
+                if (early_rows) asm volatile("cp.async.wait_group 0;" ::: "memory");
 #pragma unroll
                 for (int q = 0; q < NR; q++) {
                     const int64_t r = row_of(g, q);
@@ -476,14 +505,15 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
                     if (r < a.rows0) {
                         a.out0[r] = acc[q];
                         if (a.resid) {
-                            float h = a.resid[r] + acc[q];
-                            if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, a.steer_dir[r])); /* = steer_kernel */
+                            float h = early[0][warp][q] + acc[q];
+                            if (a.steer_dir) h = __fadd_rn(h, __fmul_rn(a.steer_alpha, early[1][warp][q])); /* = steer_kernel */
                             a.resid[r] = h;
                         }
                     } else {
                         a.out1[r - a.rows0] = acc[q];
                     }
                 }
+                if (early_rows && gn < groups) ask_rows(gn); /* the slots are read: the next group's rows */
             }
         }
         if (gn >= groups) break;
