@@ -6,6 +6,15 @@
 # (libpcre2-8, libcjson, libmicrohttpd) and any wheels in $WHEELS.
 #
 #   bash bench/cuda_carry.sh [BUILD_DIR] [CARRY_DIR]     (defaults build-carry, .carry)
+#   ONLY="spark cuda_bench" bash bench/cuda_carry.sh      (only those binaries packed)
+#   ONLY=cuda_bench bash bench/cuda_carry.sh build-carry .carry-base
+#                                   (a BASE carry for cuda_longctx_run.sh: no .debs, no wheels)
+#
+# The working tree plus the carries must stay under 64 MiB, and the tracked
+# files are ~58 MB: a carry of spark + cuda_bench (~5 MB with the .debs) and
+# a BASE of cuda_bench alone (~2.5 MB) fit; the probes and gemv bench do not
+# fit beside them. A wheel that ships a C extension (pyyaml) travels without
+# it (its pure-Python fallback; the wheel's RECORD rewritten), ~0.8 MB less.
 #
 # Then, on the device (run's `carry`: the CARRY_DIR):
 #   BIN=.carry SWEEP=... bash bench/cuda_decode_run.sh quick
@@ -26,15 +35,43 @@ rm -rf "$C"
 mkdir -p "$C"
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o "$B/l2_probe" bench/l2_probe.cu
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude -o "$B/flow_probe" bench/flow_probe.cu
-for f in spark cuda_bench cuda_gemv_bench l2_probe flow_probe; do
+for f in ${ONLY:-spark cuda_bench cuda_gemv_bench l2_probe flow_probe}; do
     strip -o "$C/$f" "$B/$f"
     xz -9e -T"$(nproc)" "$C/$f"
 done
+[ "${ONLY:-}" = cuda_bench ] && { du -sh "$C"; exit 0; } # a BASE carry: its cuda_bench is all it runs
 debs=$(ls .devlibs/*.deb 2>/dev/null || true)
 if [ -z "$debs" ]; then
     (cd "$C" && apt-get download libpcre2-8-0 libcjson1 libmicrohttpd12 >/dev/null 2>&1) || echo "note: no runtime .debs (apt-get download failed)"
 else
     cp $debs "$C/"
 fi
-if [ -n "${WHEELS:-}" ]; then mkdir -p "$C/wheels" && cp "$WHEELS"/*.whl "$C/wheels/"; fi
+# wheel_without_so WHEEL DIR: WHEEL into DIR less its compiled modules, RECORD rewritten
+wheel_without_so() {
+    local t
+    t=$(mktemp -d)
+    (cd "$t" && unzip -q "$1" && find . -name '*.so' -delete && python3 - <<'PY'
+import base64, glob, hashlib, os
+rec = glob.glob("*.dist-info/RECORD")[0]
+rows = []
+for root, _, files in os.walk("."):
+    for f in files:
+        p = os.path.join(root, f)[2:]
+        if p != rec:
+            d = open(p, "rb").read()
+            rows.append(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}")
+open(rec, "w").write("\n".join(rows + [rec + ",,"]) + "\n")
+PY
+    zip -q -r "$2/$(basename "$1")" .)
+    rm -rf "$t"
+}
+if [ -n "${WHEELS:-}" ]; then
+    mkdir -p "$C/wheels"
+    for w in "$WHEELS"/*.whl; do
+        case $(basename "$w") in
+        pyyaml-*) wheel_without_so "$(readlink -f "$w")" "$(readlink -f "$C/wheels")" ;;
+        *) cp "$w" "$C/wheels/" ;;
+        esac
+    done
+fi
 du -sh "$C"
