@@ -28,14 +28,17 @@ C=${2:-.carry}
 make -j"$(nproc)" BUILD="$B" NVCCFLAGS="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a" "$B/spark" >/dev/null
 CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
 LIBS="-fopenmp -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
-gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -o "$B/cuda_bench" bench/cuda_bench.c "$B/libspark.a" $LIBS
-nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude -o "$B/cuda_gemv_bench" \
-    bench/cuda_gemv_bench.cu "$B/libspark.a" -lcublas
+PACK=${ONLY:-spark cuda_bench cuda_gemv_bench l2_probe flow_probe}
+packs() { [[ " $PACK " == *" $1 "* ]]; } # only what is packed is built
+packs cuda_bench && gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -o "$B/cuda_bench" bench/cuda_bench.c "$B/libspark.a" $LIBS
+packs cuda_gemv_bench && nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
+    -o "$B/cuda_gemv_bench" bench/cuda_gemv_bench.cu "$B/libspark.a" -lcublas
+packs l2_probe && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o "$B/l2_probe" bench/l2_probe.cu
+packs flow_probe && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude -o "$B/flow_probe" \
+    bench/flow_probe.cu
 rm -rf "$C"
 mkdir -p "$C"
-nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o "$B/l2_probe" bench/l2_probe.cu
-nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude -o "$B/flow_probe" bench/flow_probe.cu
-for f in ${ONLY:-spark cuda_bench cuda_gemv_bench l2_probe flow_probe}; do
+for f in $PACK; do
     strip -o "$C/$f" "$B/$f"
     xz -9e -T"$(nproc)" "$C/$f"
 done
