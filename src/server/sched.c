@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct slot {
     sched *s;
@@ -36,6 +37,7 @@ struct sched {
     job **queue; /* ring of cap entries */
     int q_head, q_len, q_cap;
     int stopping;
+    int linger_ms; /* tests only: see worker_main */
 };
 
 static int32_t common_prefix(const spark_session *session, const spark_token_buf *prompt)
@@ -88,9 +90,18 @@ static void *worker_main(void *arg)
         job *j = sl->job;
         pthread_mutex_unlock(&s->lock);
         run_job(s->srv, sl->session, j);
-        job_unref(j);
         pthread_mutex_lock(&s->lock);
         sl->job = s->stopping ? NULL : queue_pop(s);
+        /* The slot lets go of j before its reference is dropped: sched_stop
+         * reaches a running job through sl->job under the lock, and j may
+         * be freed the moment job_unref returns. */
+        pthread_mutex_unlock(&s->lock);
+        job_unref(j);
+        /* SPARK_SERVE_TEST_LINGER_MS widens the moment between dropping the
+         * job and taking the lock again, so a test can stop the server there
+         * every time instead of by luck. */
+        if (s->linger_ms > 0) nanosleep(&(struct timespec){s->linger_ms / 1000, s->linger_ms % 1000 * 1000000L}, NULL);
+        pthread_mutex_lock(&s->lock);
     }
     pthread_mutex_unlock(&s->lock);
     return NULL;
@@ -102,6 +113,8 @@ int sched_create(server *srv, int n, const spark_session_options *so, int queue_
     sched *s = calloc(1, sizeof *s);
     if (!s) return -1;
     s->srv = srv;
+    const char *linger = getenv("SPARK_SERVE_TEST_LINGER_MS");
+    s->linger_ms = linger ? atoi(linger) : 0;
     pthread_mutex_init(&s->lock, NULL);
     s->slots = calloc((size_t)n, sizeof *s->slots);
     s->q_cap = queue_cap > 0 ? queue_cap : 1;

@@ -274,6 +274,22 @@ def test_serve_help_and_bad_flags(model):
     assert "/nonexistent/model" in p.stderr
 
 
+def test_shutdown_as_a_worker_lets_go_of_its_job(model):
+    """SIGTERM in the moment after a worker dropped its finished job and
+    before it took the scheduler lock again (SPARK_SERVE_TEST_LINGER_MS holds
+    that moment open). The shutdown must not reach the job through the slot:
+    by then the job is freed, and the ASan build reports a use-after-free
+    (CI caught this once by luck at the end of another test)."""
+    srv = Server(model, "--parallel", 1, env={"SPARK_SERVE_TEST_LINGER_MS": "1500"})
+    body = {"model": model.name, "messages": HELLO, "max_tokens": 2, "seed": 1}
+    status, _, text = srv.http("POST", "/v1/chat/completions", body)
+    assert status == 200, text
+    t0 = time.time()
+    srv.stop()
+    # the worker still joined: it lingered, then saw the server stopping
+    assert time.time() - t0 < 10
+
+
 def test_shutdown_with_requests_in_flight(model):
     """SIGTERM with one stream generating and one queued: both streams end
     well-formed (the queued one with an error event), the server exits 0."""
