@@ -1,6 +1,6 @@
 /*
  * cuda_hooks.cu — the instruments on the GPU (engine/hooks.c calls them
- * through backend.h's steer / copy / ffn_observe / stamp ops; cuda_backend.cu
+ * through backend.h's steer / copy / ffn_observe / stamp ops; cuda_instruments.cu
  * records them as commands, so they run inside a decode step's graph).
  *
  *   steer   one block per row: the projections h.u and |h|^2 summed in

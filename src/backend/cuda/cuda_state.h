@@ -1,9 +1,10 @@
 /*
  * cuda_state.h — the CUDA backend's state and its command records, shared by
- * cuda_backend.cu (memory, the resident weights, the op table, creation)
- * and cuda_graph.cu (single-token steps recorded, fused and replayed as one
- * CUDA graph, or handed to the persistent kernel). C++ only; the C side of
- * spark.c sees cuda_backend.h alone.
+ * cuda_backend.cu (memory, the resident weights, the op table, creation),
+ * cuda_graph.cu (single-token steps recorded, fused and replayed as one
+ * CUDA graph, or handed to the persistent kernel), cuda_instruments.cu (the
+ * hooks' ops) and cuda_pick.cu (greedy picks, sampling candidates). C++
+ * only; the C side of spark.c sees cuda_backend.h alone.
  */
 #ifndef SPARK_BACKEND_CUDA_STATE_H
 #define SPARK_BACKEND_CUDA_STATE_H
@@ -190,9 +191,29 @@ void flush(cuda_backend *cb);
 void record(cuda_backend *cb, const cmd *c); /* (the step's first command, from cuda_embed) */
 void submit(cuda_backend *cb, const cmd *c);
 void set_pos(cuda_backend *cb, int64_t pos0);
-/* cuda_backend.cu: the pick keys' copy to the host, queued after what the
+/* cuda_pick.cu: the pick keys' copy to the host, queued after what the
  * stream holds now (a pick's kernel, or the launched step ending in one). */
 void pick_copy(cuda_backend *cb);
+/* cuda_backend.cu: the backend's device made current (multi-GPU hosts), and
+ * a scratch buffer of at least `need` bytes (grown, never shrunk). */
+void use_device(const cuda_backend *cb);
+void *scratch(void **buf, size_t *have, size_t need);
+
+/* cuda_instruments.cu and cuda_pick.cu: their backend.h ops (cuda_ops in
+ * cuda_backend.cu lists them). */
+void cuda_upload(backend *be, float *buf, const float *host, size_t count);
+void cuda_copy(backend *be, float *dst, const float *src, size_t count);
+void cuda_steer(backend *be, float *x, int n, int dim, int mode, float strength, const float *direction,
+                const float *unit);
+void cuda_ffn_observe(backend *be, const float *act, int n, int n_ff, int top_k, const ffn_observe_bufs *b);
+void cuda_stamp(backend *be, int phase);
+void cuda_device_times(backend *be, double *out, int count);
+void cuda_pick(backend *be, const float *logits, int count);
+int32_t cuda_pick_read(backend *be);
+void cuda_pick_drop(backend *be);
+int32_t cuda_candidates(backend *be, const float *logits, int count, float inv_t, float log_min_p, int32_t cap,
+                        float *x_out, int32_t *id_out, int *complete, double *total);
+
 /* cuda_graph.cu: SPARK_CUDA_TIMELINE's buffers (at creation) and its file (at
  * the backend's end). */
 void timeline_init(cuda_backend *cb);
