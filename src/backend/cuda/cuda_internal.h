@@ -1,8 +1,11 @@
 /*
- * cuda_internal.h — what cuda_backend.cu (state, memory, op table, cuBLAS)
- * needs from cuda_kernels.cu (the kernels and their launch shapes). C++ and
- * CUDA types live here and in the two .cu files only; the C side of spark.c
- * sees cuda_backend.h alone.
+ * cuda_internal.h — the launchers the host side of the CUDA backend
+ * (cuda_backend.cu, cuda_graph.cu, cuda_pick.cu, ...) calls, and their
+ * argument records: the kernels and their launch shapes are in
+ * cuda_kernels.cu (small ops, few-token GEMVs, split-KV attention),
+ * cuda_pick_kernels.cu (picks, candidates) and the files named below. C++
+ * and CUDA types stay on this side; the C side of spark.c sees
+ * cuda_backend.h alone.
  *
  * Every launcher enqueues on `st` and returns the launch's error code (the
  * caller checks it); none synchronizes.
