@@ -30,8 +30,6 @@
 
 /* ---- random data ------------------------------------------------------------- */
 
-static float gauss(void) { return (uniform() + uniform() + uniform() + uniform()) * 0.866f; }
-
 static void put16(uint8_t *p, uint16_t v)
 {
     p[0] = (uint8_t)v;

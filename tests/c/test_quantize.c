@@ -14,8 +14,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-static float gauss(void) { return (uniform() + uniform() + uniform() + uniform()) * 0.866f; }
-
 /* Block contents of several shapes: gaussian, uniform, one outlier, all
  * positive, all negative, constant, zero, tiny values near f16's floor. */
 static void fill_block(float *x, int n, int kind)

@@ -20,5 +20,8 @@ static inline uint64_t next_u64(void)
 /* Uniform in [-1, 1). */
 static inline double uniform_d(void) { return (double)(next_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0; }
 static inline float uniform(void) { return (float)uniform_d(); }
+/* Roughly standard normal (a sum of four uniforms, variance 1): enough for
+ * test data, and cheap. */
+static inline float gauss(void) { return (uniform() + uniform() + uniform() + uniform()) * 0.866f; }
 
 #endif

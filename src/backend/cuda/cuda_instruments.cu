@@ -23,7 +23,16 @@ void cuda_upload(backend *be, float *buf, const float *host, size_t count)
     CK(cudaStreamSynchronize(cb->st)); /* pageable source */
 }
 
-void hook(cuda_backend *cb, cu_hook_args *h)
+/* An instrument's arguments: every field zero but its kind. */
+static cu_hook_args hook_args(int kind)
+{
+    cu_hook_args h;
+    memset(&h, 0, sizeof h);
+    h.kind = kind;
+    return h;
+}
+
+static void hook(cuda_backend *cb, cu_hook_args *h)
 {
     cmd c = new_cmd(OP_HOOK, cb->recording ? 1 : 0);
     c.hk = *h;
@@ -33,9 +42,7 @@ void hook(cuda_backend *cb, cu_hook_args *h)
 void cuda_copy(backend *be, float *dst, const float *src, size_t count)
 {
     use_device(cuda_of(be));
-    cu_hook_args h;
-    memset(&h, 0, sizeof h);
-    h.kind = CU_HOOK_COPY;
+    cu_hook_args h = hook_args(CU_HOOK_COPY);
     h.x = dst;
     h.src = src;
     h.count = (int64_t)count;
@@ -46,9 +53,7 @@ void cuda_steer(backend *be, float *x, int n, int dim, int mode, float strength,
                 const float *unit)
 {
     use_device(cuda_of(be));
-    cu_hook_args h;
-    memset(&h, 0, sizeof h);
-    h.kind = CU_HOOK_STEER;
+    cu_hook_args h = hook_args(CU_HOOK_STEER);
     h.n = n;
     h.dim = dim;
     h.mode = mode;
@@ -62,9 +67,7 @@ void cuda_steer(backend *be, float *x, int n, int dim, int mode, float strength,
 void cuda_ffn_observe(backend *be, const float *act, int n, int n_ff, int top_k, const ffn_observe_bufs *b)
 {
     use_device(cuda_of(be));
-    cu_hook_args h;
-    memset(&h, 0, sizeof h);
-    h.kind = CU_HOOK_FFN;
+    cu_hook_args h = hook_args(CU_HOOK_FFN);
     h.n = n;
     h.dim = n_ff;
     h.top_k = top_k;
@@ -98,9 +101,7 @@ void cuda_stamp(backend *be, int phase)
         if (rec) return; /* (spark_session_timing allocates them: not reached) */
         stamps_ready(cb);
     }
-    cu_hook_args h;
-    memset(&h, 0, sizeof h);
-    h.kind = CU_HOOK_STAMP;
+    cu_hook_args h = hook_args(CU_HOOK_STAMP);
     h.phase = phase;
     h.stamps = cb->stamps;
     hook(cb, &h);
