@@ -54,7 +54,11 @@ wheel_without_so() {
     local t
     t=$(mktemp -d)
     (cd "$t" && unzip -q "$1" && find . -name '*.so' -delete && python3 - <<'PY'
-import base64, glob, hashlib, os
+import base64, glob, hashlib, os, re
+# pure Python now, so tagged py3-none-any: the device's Python may not be ours
+whl = glob.glob("*.dist-info/WHEEL")[0]
+meta = re.sub(r"(?m)^Tag: .*\n", "", open(whl).read()).replace("Root-Is-Purelib: false", "Root-Is-Purelib: true")
+open(whl, "w").write(meta.rstrip("\n") + "\nTag: py3-none-any\n")
 rec = glob.glob("*.dist-info/RECORD")[0]
 rows = []
 for root, _, files in os.walk("."):
@@ -65,7 +69,7 @@ for root, _, files in os.walk("."):
             rows.append(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}")
 open(rec, "w").write("\n".join(rows + [rec + ",,"]) + "\n")
 PY
-    zip -q -r "$2/$(basename "$1")" .)
+    zip -q -r "$2/$(basename "$1" | cut -d- -f1-2)-py3-none-any.whl" .)
     rm -rf "$t"
 }
 if [ -n "${WHEELS:-}" ]; then
