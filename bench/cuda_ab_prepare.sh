@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 PATCH=$(readlink -f "$1")
 ROOT=$PWD
 git apply --check "$PATCH" || { echo "cuda_ab_prepare: $1 does not apply to HEAD" >&2; exit 1; }
-if ! ls .whl/*.whl >/dev/null 2>&1; then
+if ! ls .whl/gguf-*.whl .whl/pyyaml-*.whl >/dev/null 2>&1; then
     python3 -m pip download -q --no-deps -d .whl gguf pyyaml
 fi
 ONLY=cuda_bench bash bench/cuda_carry.sh build-carry-base .carry-base
