@@ -230,38 +230,54 @@ struct fmt_q4_k_x16 : fmt_q4_k {
     }
 };
 
-/* x (RMS-normalised when a.nw; block 0 also writes the normalised floats to
- * a.xn, as load_norm_x does) rounded to int16 per 32 values into xq (VPU
- * uint4s a unit, transposed as above), xd and xs (see above). Every block
- * does this for the whole row, so its cost is paid by every SM: a lane takes
- * 16 consecutive values (two lanes a group, one shuffle for the max and one
- * for the sum; 4 values a lane with 8 lanes a group took ~1 us more per
- * launch on the 10240-value down projection, bench/cuda_runs.md run 10).
- * Needs cols % 256 == 0. Ends with a block barrier. */
-template <int VPU>
-__device__ __forceinline__ void load_x16(const cu_fgemv_args &a, uint4 *xq, float *xd, float *xs, float *red)
+/* The block's 1 / RMS from each thread's partial sum of squares of x; the
+ * barrier it takes also publishes what the threads stored before it. */
+__device__ __forceinline__ float block_rms_inv(const cu_fgemv_args &a, float ss, float *red)
 {
-    const int c4 = a.cols / 4, halves = a.cols / 16, nvec = a.cols / (8 * VPU);
-    const float4 *x4 = (const float4 *)a.x, *nw4 = (const float4 *)a.nw;
-    float inv = 1.0f;
-    if (nw4) { /* x is read twice (the second time from L1): no float copy in shared memory */
-        float ss = 0.0f;
-        for (int t = threadIdx.x; t < c4; t += FG_THREADS) {
-            const float4 v = x4[t];
-            ss = fmaf(v.x, v.x, ss);
-            ss = fmaf(v.y, v.y, ss);
-            ss = fmaf(v.z, v.z, ss);
-            ss = fmaf(v.w, v.w, ss);
-        }
-        ss = warp_sum(ss);
-        if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
-        __syncthreads();
-        float tot = 0.0f;
+    ss = warp_sum(ss);
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
+    __syncthreads();
+    float tot = 0.0f;
 #pragma unroll
-        for (int w = 0; w < FG_WARPS; w++) tot += red[w];
-        inv = 1.0f / sqrtf(tot / (float)a.cols + a.eps);
+    for (int w = 0; w < FG_WARPS; w++) tot += red[w];
+    return 1.0f / sqrtf(tot / (float)a.cols + a.eps);
+}
+
+/* Block 0 writes the normalised x to a.xn, (x * inv) * nw as load_norm_x
+ * does, for a kernel that kept inv out of its x (x and nw again from L1). */
+__device__ __forceinline__ void write_xn(const cu_fgemv_args &a, float inv)
+{
+    if (blockIdx.x != 0 || !a.xn) return;
+    const float4 *x4 = (const float4 *)a.x, *nw4 = (const float4 *)a.nw;
+    float4 *xn4 = (float4 *)a.xn;
+    for (int i = threadIdx.x; i < a.cols / 4; i += FG_THREADS) {
+        const float4 t = x4[i], w = nw4[i];
+        xn4[i] = make_float4(t.x * inv * w.x, t.y * inv * w.y, t.z * inv * w.z, t.w * inv * w.w);
     }
-    float4 *xn4 = blockIdx.x == 0 && nw4 && a.xn ? (float4 *)a.xn : NULL;
+}
+
+/* x rounded to int16 per 32 values into xq (VPU uint4s a unit, transposed
+ * as above), xd and xs (see above). Every block does this for the whole
+ * row, so its cost is paid by every SM: a lane takes 16 consecutive values
+ * (two lanes a group, one shuffle for the max and one for the sum; 4 values
+ * a lane with 8 lanes a group took ~1 us more per launch on the 10240-value
+ * down projection, bench/cuda_runs.md run 10). Needs cols % 256 == 0. Ends
+ * with a block barrier.
+ *
+ * With a.nw (the RMS norm fused) the values rounded are x * nw, before the
+ * norm's scale 1 / RMS is known: a 32-group's int16 values do not depend on
+ * a common factor (only its d would), and the products are linear in x, so
+ * the caller multiplies each row's sum by the returned scale instead. That
+ * saves the norm a barrier and a second pass over x: x and nw are read
+ * once, together, and the sum of squares ends at the barrier that publishes
+ * xq. Block 0 then rereads x and nw (L1) to write a.xn = (x * inv) * nw,
+ * exactly as load_norm_x does. Returns 1 without a norm (bit-unchanged). */
+template <int VPU>
+__device__ __forceinline__ float load_x16(const cu_fgemv_args &a, uint4 *xq, float *xd, float *xs, float *red)
+{
+    const int halves = a.cols / 16, nvec = a.cols / (8 * VPU);
+    const float4 *x4 = (const float4 *)a.x, *nw4 = (const float4 *)a.nw;
+    float ss = 0.0f;
     /* whole warps go round together (the shuffles); halves is even, so both
      * lanes of a group are in range or neither is */
     const int rounds = (halves + FG_THREADS - 1) / FG_THREADS;
@@ -269,23 +285,23 @@ __device__ __forceinline__ void load_x16(const cu_fgemv_args &a, uint4 *xq, floa
         const int h = threadIdx.x + r * FG_THREADS;
         const bool in = h < halves;
         if (__all_sync(0xffffffffu, !in)) break;
-        float4 v[4];
+        float4 v[4], w[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) v[k] = in ? x4[4 * h + k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (nw4 && in) { /* the same operations as load_norm_x */
-            /* all four weights loaded before the first store to xn: a load
-             * after it could alias it, so the compiler would issue the four
-             * L2 round trips one after another (bench/cuda_runs.md run 27) */
-            float4 w[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) w[k] = nw4[4 * h + k];
+        for (int k = 0; k < 4; k++) {
+            v[k] = in ? x4[4 * h + k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            w[k] = in && nw4 ? nw4[4 * h + k] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        }
+        if (nw4) {
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                v[k].x = v[k].x * inv * w[k].x;
-                v[k].y = v[k].y * inv * w[k].y;
-                v[k].z = v[k].z * inv * w[k].z;
-                v[k].w = v[k].w * inv * w[k].w;
-                if (xn4) xn4[4 * h + k] = v[k];
+                ss = fmaf(v[k].x, v[k].x, ss);
+                ss = fmaf(v[k].y, v[k].y, ss);
+                ss = fmaf(v[k].z, v[k].z, ss);
+                ss = fmaf(v[k].w, v[k].w, ss);
+                v[k].x *= w[k].x;
+                v[k].y *= w[k].y;
+                v[k].z *= w[k].z;
+                v[k].w *= w[k].w;
             }
         }
         float m = 0.0f;
@@ -316,7 +332,13 @@ __device__ __forceinline__ void load_x16(const cu_fgemv_args &a, uint4 *xq, floa
             }
         }
     }
-    __syncthreads();
+    if (!nw4) {
+        __syncthreads();
+        return 1.0f;
+    }
+    const float inv = block_rms_inv(a, ss, red);
+    write_xn(a, inv);
+    return inv;
 }
 
 /* 4 bytes global -> shared without a register (cp.async), for a value a
@@ -392,12 +414,16 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
     }
 
     const float *xsum; /* float x: Q4_K's sums of x per unit; int16 x: xd, then xs */
+    float xscale = 1.0f; /* the norm's 1 / RMS when load_x16 left it out of x */
     if constexpr (F::X16) {
         float *xd = (float *)((uint4 *)xs4 + a.cols / 8);
-        load_x16<F::VALS / 8>(a, (uint4 *)xs4, xd, xd + a.cols / 32, red);
+        xscale = load_x16<F::VALS / 8>(a, (uint4 *)xs4, xd, xd + a.cols / 32, red);
         xsum = xd;
     } else {
-        load_norm_x<FG_THREADS, false, F::VALS / 4>(a, xs4, red); /* x (RMS-normalised when nw), by units */
+        /* x (RMS-normalised when nw), by units. (The norm's scale left
+         * for the rows' ends, as load_x16 does, gained the bf16 gate / up
+         * pair nothing: bench/cuda_runs.md run 30.) */
+        load_norm_x<FG_THREADS, false, F::VALS / 4>(a, xs4, red);
         float *sums = (float *)(xs4 + a.cols / 4);
         if constexpr (F::DTYPE == CU_Q4_K) { /* sums of x per unit, for the mins */
             for (int i = threadIdx.x; i < nvec; i += FG_THREADS) {
@@ -489,6 +515,8 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
             par ^= 1;
         }
         if (mine) {
+#pragma unroll
+            for (int q = 0; q < NR; q++) acc[q] *= xscale; /* 1 unless the norm's scale was left out of x */
             if (PAIR) {
                 const int64_t r = row_of(g, 0);
                 if (r < R) {
