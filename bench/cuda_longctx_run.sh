@@ -16,7 +16,8 @@
 # 2. on the 36-layer 4B shape, cuda_bench at each context of CTX (default
 #    32512, CTX="" none; that many tokens prefilled, 128 decoded) per SWEEP
 #    configuration, the sweep run twice (alternating);
-# 2b. with QFMTS="q8_0 q4_k" the 36-layer model quantized here to each, and
+# 2b. with QFMTS="q8_0 q4_k" the 36-layer model quantized here to each (q4_k_m:
+#    --type q4_k --recipe q4_k_m), and
 #    cuda_bench at each context of QCTX (default 512) per SWEEP
 #    configuration on it, twice;
 # 3. with TESTS=1 the GPU test files (test_cuda, test_cuda_hooks, test_bench,
@@ -28,13 +29,15 @@ BIN=${BIN:-.carry}
 . "$(dirname "$0")/device_env.sh"
 carried_start
 
+# type_flags FMT: spark quantize's flags for a QFMTS entry (q4_k_m: llama.cpp's mix, Q6_K in places)
+type_flags() { [ "$1" = q4_k_m ] && echo "--type q4_k --recipe q4_k_m" || echo "--type $1"; }
 stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
 wait_model m4b2 120
 timeout 200 python3 bench/decode_check.py /tmp/m4b2 ${PREFILL_CHECK:+--prefill} ${CHECKS:-default} 2>&1 | grep -v "^spark: CUDA" | tee -a "$SUMMARY"
 if [ -n "${PREFILL_CHECK:-}" ]; then
     for fmt in ${QFMTS:-}; do
         stamp "check: the same model in $fmt, prefill and decode vs CPU"
-        timeout 60 "$SPARK_BIN" quantize /tmp/m4b2 /tmp/m4b2-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
+        timeout 60 "$SPARK_BIN" quantize /tmp/m4b2 /tmp/m4b2-$fmt.gguf $(type_flags $fmt) -q 2>&1 | tail -1 | tee -a "$SUMMARY"
         timeout 200 python3 bench/decode_check.py /tmp/m4b2-$fmt.gguf --prefill ${CHECKS:-default} 2>&1 |
             grep -v "^spark: CUDA" | tee -a "$SUMMARY"
     done
@@ -63,7 +66,7 @@ for ctx in ${CTX-32512}; do
 done
 for fmt in ${QFMTS:-}; do
     stamp "36 layers in $fmt, ctx ${QCTX:-512}"
-    timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
+    timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf $(type_flags $fmt) -q 2>&1 | tail -1 | tee -a "$SUMMARY"
     for round in 1 2; do
         for ctx in ${QCTX:-512}; do
             for cfg in "${CONFIGS[@]}"; do bench_ctx /tmp/m4b-$fmt.gguf "$ctx" "${cfg%%:*}" "${cfg#*:}" $round; done
