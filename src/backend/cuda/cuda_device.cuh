@@ -75,6 +75,21 @@ __device__ __forceinline__ void rope_cos_sin(int64_t pos, int j, int half, doubl
     *s = (float)sin(angle);
 }
 
+/* The block's 1 / RMS of x from each thread's partial sum of squares (ss)
+ * over a.cols values; red: WARPS floats of scratch. The barrier it takes
+ * also publishes what the threads stored before it. */
+template <int WARPS>
+__device__ __forceinline__ float block_rms_inv(const cu_fgemv_args &a, float ss, float *red)
+{
+    ss = warp_sum(ss);
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) tot += red[w];
+    return 1.0f / sqrtf(tot / (float)a.cols + a.eps);
+}
+
 /* A GEMV's x (a.cols floats) into shared memory xs4 by a block of THREADS,
  * RMS-normalised with a.nw when that is set (block 0 also writes the
  * normalised x to a.xn, as the unfused rmsnorm would); red: THREADS / WARP
@@ -93,7 +108,6 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
     auto at = [&](int j) { return VPU ? (j % VPU) * units + j / VPU : j; };
     const float4 *x4 = (const float4 *)a.x;
     if (a.nw) {
-        const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
         float ss = 0.0f;
         for (int i = threadIdx.x; i < c4; i += THREADS) {
             const float4 t = THROUGH_L2 ? __ldcg(x4 + i) : x4[i];
@@ -103,13 +117,7 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
             ss = fmaf(t.w, t.w, ss);
             xs4[at(i)] = t;
         }
-        ss = warp_sum(ss);
-        if (lane == 0) red[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) tot += red[w];
-        const float inv = 1.0f / sqrtf(tot / (float)a.cols + a.eps);
+        const float inv = block_rms_inv<WARPS>(a, ss, red);
         const float4 *nw4 = (const float4 *)a.nw;
         float4 *xn4 = blockIdx.x == 0 && a.xn ? (float4 *)a.xn : NULL;
         /* a thread's weights, up to NWP of them, loaded before its first

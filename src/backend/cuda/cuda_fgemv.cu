@@ -230,19 +230,6 @@ struct fmt_q4_k_x16 : fmt_q4_k {
     }
 };
 
-/* The block's 1 / RMS from each thread's partial sum of squares of x; the
- * barrier it takes also publishes what the threads stored before it. */
-__device__ __forceinline__ float block_rms_inv(const cu_fgemv_args &a, float ss, float *red)
-{
-    ss = warp_sum(ss);
-    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int w = 0; w < FG_WARPS; w++) tot += red[w];
-    return 1.0f / sqrtf(tot / (float)a.cols + a.eps);
-}
-
 /* Block 0 writes the normalised x to a.xn, (x * inv) * nw as load_norm_x
  * does, for a kernel that kept inv out of its x (x and nw again from L1). */
 __device__ __forceinline__ void write_xn(const cu_fgemv_args &a, float inv)
@@ -336,7 +323,7 @@ __device__ __forceinline__ float load_x16(const cu_fgemv_args &a, uint4 *xq, flo
         __syncthreads();
         return 1.0f;
     }
-    const float inv = block_rms_inv(a, ss, red);
+    const float inv = block_rms_inv<FG_WARPS>(a, ss, red);
     write_xn(a, inv);
     return inv;
 }
