@@ -8,7 +8,8 @@
  * With --sweep: only prompts of each of those lengths, each prefilled three
  * times from an empty context, the fastest printed (one "sweep" line each);
  * what SPARK_CUDA_GEMV_TOKENS (GEMV or GEMM for a short prompt) is tuned by.
- * Prefills P pseudo-random ids (timed, last-row logits), then decodes D
+ * Prefills P pseudo-random ids three times (the first printed apart: one-time
+ * costs; the faster of the other two is the figure; last-row logits), then decodes D
  * tokens one at a time with their logits copied back to the host (timed: the
  * real generation step, sampling excepted). Prints tokens/s, and against the
  * physical limit the bytes each decode step must read: every weight once,
@@ -84,6 +85,15 @@ static spark_session *open_session(const char *path, long n_ctx, int cpu, spark_
     return s;
 }
 
+/* One prefill of the first n ids from an empty context, in seconds. */
+static double prefill_seconds(spark_session *s, const int32_t *ids, long n, float *logits)
+{
+    spark_session_reset(s);
+    double a = now();
+    if (spark_session_eval(s, ids, (int32_t)n, logits, 0) != SPARK_OK) die("prefill");
+    return now() - a;
+}
+
 /* --sweep: the fastest of three prefills of each listed length. */
 static int run_sweep(const char *path, const char *list, int cpu)
 {
@@ -116,10 +126,7 @@ static int run_sweep(const char *path, const char *list, int cpu)
     for (int k = 0; k < count; k++) {
         double best = 1e30;
         for (int rep = 0; rep < 3; rep++) {
-            spark_session_reset(s);
-            double a = now();
-            if (spark_session_eval(s, ids, (int32_t)lens[k], logits, 0) != SPARK_OK) die("prefill");
-            double t = now() - a;
+            double t = prefill_seconds(s, ids, lens[k], logits);
             if (t < best) best = t;
         }
         printf("sweep %ld tokens [SPARK_CUDA_GEMV_TOKENS=%s]: %.2f ms, %.0f tok/s\n", lens[k], gt ? gt : "default",
@@ -177,11 +184,17 @@ int main(int argc, char **argv)
         if (spark_session_eval(s, ids + 16 + i, 1, logits, 0) != SPARK_OK) die("warm-up");
     spark_session_reset(s);
 
-    double a = now();
-    if (spark_session_eval(s, ids, (int32_t)prefill, logits, 0) != SPARK_OK) die("prefill");
-    double t_pre = now() - a;
+    /* the prompt's first prefill pays one-time costs (the library's plans
+     * and workspaces for its shapes, kernels loaded on first use); it is
+     * printed apart, and the figure is the faster of two more, as peers'
+     * benchmarks time a warmed-up run */
+    double t_cold = prefill_seconds(s, ids, prefill, logits);
+    double t_pre = prefill_seconds(s, ids, prefill, logits);
+    double t_again = prefill_seconds(s, ids, prefill, logits);
+    if (t_again < t_pre) t_pre = t_again;
 
-    a = now();
+    double a = now();
+
     for (long i = 0; i < decode; i++)
         if (spark_session_eval(s, ids + prefill + i, 1, logits, 0) != SPARK_OK) die("decode");
     double t_dec = now() - a;
@@ -239,8 +252,9 @@ int main(int argc, char **argv)
     printf("model %s: %d layers, hidden %d, ff %d, heads %d/%d x %d, vocab %d; weights %.3f GB; setup %.2f s (%s)\n",
            path, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim, c->n_vocab, wbytes / 1e9,
            t_setup, cpu ? "cpu" : "cuda");
-    printf("prefill %ld tokens: %.1f ms, %.0f tok/s, ~%.1f TFLOP/s (matrices, bf16-sized)\n", prefill, t_pre * 1e3,
-           prefill / t_pre, 2.0 * params * prefill / t_pre / 1e12);
+    printf("prefill %ld tokens: %.1f ms, %.0f tok/s, ~%.1f TFLOP/s (matrices, bf16-sized; the faster of two after "
+           "the first, which took %.1f ms)\n",
+           prefill, t_pre * 1e3, prefill / t_pre, 2.0 * params * prefill / t_pre / 1e12, t_cold * 1e3);
     printf("decode %ld tokens at context %ld..%ld: %.3f ms/token, %.1f tok/s; reads %.3f GB/token "
            "(weights %.3f + KV %.3f) = %.2f TB/s = %.1f%% of the 4.24 TB/s floor (floor %.3f ms, %.0f tok/s)\n",
            decode, prefill, prefill + decode, step * 1e3, 1.0 / step, (wbytes + kv) / 1e9, wbytes / 1e9, kv / 1e9,

@@ -571,8 +571,12 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
         st = SPARK_ERR_ARG;
     if (st == SPARK_OK) {
         random_ids(ids, ctx + 1, m->cfg.n_vocab);
-        fprintf(stderr, "spark bench: warming up (first pass pages the weights in)...\n");
-        st = run_decode(s, ids, 1, logits, 1, sec);
+        /* a first pass pages the weights in, and a first prefill pays its
+         * shapes' one-time costs (GPU library plans, kernels loaded on first
+         * use); neither belongs in the figures (llama-bench warms up alike) */
+        fprintf(stderr, "spark bench: warming up (an untimed %s)...\n", a->n_prompt > 0 ? "prefill" : "token");
+        st = a->n_prompt > 0 ? run_prefill(s, ids, (int)a->n_prompt, logits, 1, sec)
+                             : run_decode(s, ids, 1, logits, 1, sec);
     }
     if (st == SPARK_OK && a->n_prompt > 0) {
         st = run_prefill(s, ids, (int)a->n_prompt, logits, (int)a->reps, sec);
