@@ -263,7 +263,7 @@ PREFILL_PATHS = {
 
 
 @pytest.mark.parametrize("route", list(PREFILL_PATHS))
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k", "q4_0"])
 def test_spark_tiny_prefill_paths_match_cpu(gpu, fmt, route, tmp_path, monkeypatch):
     path = tmp_path / f"tiny-{fmt}.gguf"
     run_spark(["quantize", TINY, path, "--type", fmt, "-q"])
@@ -280,6 +280,25 @@ def test_spark_tiny_prefill_paths_match_cpu(gpu, fmt, route, tmp_path, monkeypat
     separate = env.get("SPARK_CUDA_STACK_TOKENS") == "0" or env.get("SPARK_CUDA_QGEMM") == "f32"
     assert stacked == (0 if separate or kind == "gemv" else gemm), f"{route}: {stacked} stacked\n{proc.stderr[-600:]}"
     check(f"spark-tiny {fmt} prefill ({route})", np.load(out), cpu, tol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["q6_k", "q4_0"])
+def test_file_layout_gemv_matches_cpu_and_the_groups_kernel(gpu, fmt, tmp_path, monkeypatch):
+    """Q6_K / Q4_0 decode GEMVs read the file's blocks through a warp's shared
+    memory (gemv_file_kernel); SPARK_CUDA_QGEMV=groups keeps the old
+    group-a-lane kernel. Both must match the CPU, and each other to fp32
+    reordering. spark-tiny's 256-wide rows are one Q6_K superblock (210
+    bytes: the chunk's odd half word), its 1024-wide ones four."""
+    path = tmp_path / f"tiny-{fmt}.gguf"
+    run_spark(["quantize", TINY, path, "--type", fmt, "-q"])
+    ids = TINY_IDS[:24]
+    cpu = logits(tmp_path, path, ids, "--all")
+    new = logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu")
+    monkeypatch.setenv("SPARK_CUDA_QGEMV", "groups")
+    old = logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu")
+    check(f"spark-tiny {fmt} decode (file-layout GEMV)", new, cpu[: len(ids)])
+    check(f"spark-tiny {fmt} decode (groups GEMV)", old, cpu[: len(ids)])
+    check(f"spark-tiny {fmt} decode, file-layout vs groups GEMV", new, old)
 
 
 FG_DTYPE = {"q8_0": 3, "q4_k": 5}  # the CU_ dtype codes SPARK_CUDA_FG_SHOW prints

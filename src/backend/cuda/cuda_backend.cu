@@ -861,7 +861,8 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->verbose = getenv("SPARK_CUDA_VERBOSE") != NULL;
     const char *qg = getenv("SPARK_CUDA_QGEMM");
     cb->qgemm_f32 = qg && !strcmp(qg, "f32");
-    const char *qv = getenv("SPARK_CUDA_QGEMV"); /* =groups: the few-token Q8_0 / Q4_K products as before */
+    /* =groups: the few-token Q8_0 / Q4_K products and every Q6_K / Q4_0 GEMV as before (gemv_groups_kernel) */
+    const char *qv = getenv("SPARK_CUDA_QGEMV");
     cu_gemv_units(!(qv && !strcmp(qv, "groups")));
     const char *sk2 = getenv("SPARK_CUDA_STACK_TOKENS"); /* =0: separate products at every size */
     cb->stack_tokens = sk2 ? atoi(sk2) : -1; /* -1: each format's default, stack_limit */

@@ -226,6 +226,146 @@ __global__ void __launch_bounds__(256) gemv_quant_kernel(float *__restrict__ out
     sweep_row<NT, U>(out, (const uint4 *)wr, cols / VALS, row, rows, fold);
 }
 
+/* Q6_K and Q4_0 rows as the file stores them, a warp a row.
+ *
+ *   Q6_K  210-byte superblocks of 256 values: ql[128], qh[64], 16 int8
+ *         scales, f16 d; value 128 h + 32 k + l is 4 bits of
+ *         ql[64 h + 32 (k & 1) + l] (the low nibble for k < 2) and 2 bits of
+ *         qh[32 h + l] shifted by 2 k, minus 32, times d * scale[8 h + l / 16 + 2 k];
+ *   Q4_0  18-byte blocks of 32 values: f16 d, then byte i holding value i
+ *         (low nibble) and 16 + i (high), minus 8, times d.
+ *
+ * Neither block is 4-byte aligned in the row, so the warp copies a chunk
+ * of whole blocks (FB_SB of them: 840 / 1152 bytes) into its shared memory
+ * with coalesced 4-byte loads, the next chunk's loads in flight while it
+ * decodes the current one from there; a lane then takes position l of each
+ * 32-value quarter (Q6_K) or byte l % 16 of every other block (Q4_0), so
+ * its x reads are neighbours too. (gemv_groups_kernel, a lane a whole group
+ * read byte by byte, took ~18-20 ms a token for the 4B: bench/cuda_runs.md run 31; byte
+ * loads straight from global memory were sunk by ptxas to their products.)
+ * Needs rows 4-byte aligned. */
+template <int FMT>
+struct file_fmt {
+    static constexpr int BLK = FMT == CU_Q6_K ? 210 : 18; /* bytes a block */
+    static constexpr int VALS = FMT == CU_Q6_K ? 256 : 32;
+    static constexpr int CHUNK = FMT == CU_Q6_K ? 4 : 64; /* blocks a chunk */
+    static constexpr int WORDS = CHUNK * BLK / 4, PER_LANE = (WORDS + WARP - 1) / WARP;
+};
+
+/* Chunk c's words (n blocks) into v: lane l holds words l, l + 32, ... */
+template <int FMT>
+__device__ __forceinline__ void file_chunk_load(const uint8_t *wr, int64_t b0, int n, int lane,
+                                                uint32_t (&v)[file_fmt<FMT>::PER_LANE])
+{
+    using F = file_fmt<FMT>;
+    const uint32_t *src = (const uint32_t *)(wr + b0 * F::BLK);
+    const int words = n * F::BLK / 4; /* an odd Q6_K count leaves 2 bytes: file_chunk_store */
+#pragma unroll
+    for (int k = 0; k < F::PER_LANE; k++) {
+        const int i = lane + WARP * k;
+        if (i < words) v[k] = __ldcs(src + i);
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ void file_chunk_store(uint32_t *buf, const uint8_t *wr, int64_t b0, int n, int lane,
+                                                 const uint32_t (&v)[file_fmt<FMT>::PER_LANE])
+{
+    using F = file_fmt<FMT>;
+    const int bytes = n * F::BLK, words = bytes / 4;
+#pragma unroll
+    for (int k = 0; k < F::PER_LANE; k++) {
+        const int i = lane + WARP * k;
+        if (i < words) buf[i] = v[k];
+    }
+    if ((bytes & 3) && lane == 0) /* the last half word, not read past the row */
+        ((unsigned short *)buf)[bytes / 2 - 1] = __ldcs((const unsigned short *)(wr + b0 * F::BLK + bytes - 2));
+}
+
+/* n blocks of a chunk in shared memory (buf) against x from column c0 */
+template <int FMT, int NT>
+__device__ __forceinline__ void file_chunk_dot(const uint8_t *buf, int n, const float *x, int64_t cols, int64_t c0,
+                                               int lane, float (&acc)[NT])
+{
+    using F = file_fmt<FMT>;
+    if constexpr (FMT == CU_Q6_K) {
+#pragma unroll
+        for (int s = 0; s < F::CHUNK; s++) {
+            if (s >= n) break;
+            const uint8_t *b = buf + s * F::BLK;
+            const float d = h2f(*(const unsigned short *)(b + 208));
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t qh = b[128 + 32 * h + lane];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const uint32_t lo = (b[64 * h + 32 * (k & 1) + lane] >> (k < 2 ? 0 : 4)) & 0x0Fu;
+                    const int q = (int)(lo | ((qh >> (2 * k)) & 3u) << 4) - 32;
+                    const float v = d * (float)(int8_t)b[192 + 8 * h + lane / 16 + 2 * k] * (float)q;
+                    const int64_t c = c0 + s * 256 + 128 * h + 32 * k + lane;
+#pragma unroll
+                    for (int t = 0; t < NT; t++) acc[t] = fmaf(v, __ldg(x + t * cols + c), acc[t]);
+                }
+            }
+        }
+    } else {
+        const int i = lane % 16;
+#pragma unroll 8
+        for (int s = 0; s < F::CHUNK / 2; s++) {
+            const int j = 2 * s + lane / 16; /* this half-warp's block */
+            if (2 * s >= n) break;
+            if (j < n) {
+                const uint8_t *b = buf + j * F::BLK;
+                const float d = h2f(*(const unsigned short *)b);
+                const uint32_t q = b[2 + i];
+                const float lo = d * (float)((int)(q & 0x0Fu) - 8), hi = d * (float)((int)(q >> 4) - 8);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float *xb = x + t * cols + c0 + j * 32 + i;
+                    acc[t] = fmaf(lo, __ldg(xb), fmaf(hi, __ldg(xb + 16), acc[t]));
+                }
+            }
+        }
+    }
+}
+
+template <int FMT, int NT>
+__global__ void __launch_bounds__(256) gemv_file_kernel(float *__restrict__ out, const float *__restrict__ x,
+                                                        const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
+                                                        int64_t row_bytes)
+{
+    using F = file_fmt<FMT>;
+    __shared__ uint32_t stage[256 / WARP][F::WORDS];
+    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (row >= rows) return;
+    const int lane = threadIdx.x % WARP;
+    uint32_t *buf = stage[threadIdx.x / WARP];
+    const uint8_t *wr = w + row * row_bytes;
+    const int64_t nb = cols / F::VALS;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    uint32_t v[F::PER_LANE];
+    int n = (int)(nb < F::CHUNK ? nb : F::CHUNK);
+    file_chunk_load<FMT>(wr, 0, n, lane, v);
+    for (int64_t b0 = 0; b0 < nb;) {
+        file_chunk_store<FMT>(buf, wr, b0, n, lane, v);
+        __syncwarp();
+        const int64_t b1 = b0 + n;
+        const int n1 = (int)(nb - b1 < F::CHUNK ? nb - b1 : F::CHUNK);
+        if (n1 > 0) file_chunk_load<FMT>(wr, b1, n1, lane, v); /* in flight during this chunk's products */
+        file_chunk_dot<FMT, NT>((const uint8_t *)buf, n, x, cols, b0 * F::VALS, lane, acc);
+        __syncwarp(); /* every lane done with buf before the next store */
+        b0 = b1;
+        n = n1;
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float sum = warp_sum(acc[t]);
+        if (lane == 0) out[t * rows + row] = sum;
+    }
+}
+
 /* Block formats (and odd-sized plain rows): one warp per row, each lane
  * decodes whole 32-value groups; neighbouring lanes read neighbouring
  * blocks, so a warp still sweeps the row front to back. */
@@ -703,6 +843,14 @@ struct quant_of {
     };
 };
 
+template <int FMT>
+struct file_of {
+    template <int NT>
+    struct at {
+        static constexpr rows_kernel k = gemv_file_kernel<FMT, NT>;
+    };
+};
+
 void launch_rows(cudaStream_t st, rows_kernel k, float *out, const float *x, const uint8_t *w, int64_t rows,
                  int64_t cols, int64_t row_bytes)
 {
@@ -710,7 +858,7 @@ void launch_rows(cudaStream_t st, rows_kernel k, float *out, const float *x, con
     k<<<(unsigned)((rows + warps - 1) / warps), warps * WARP, 0, st>>>(out, x, w, rows, cols, row_bytes);
 }
 
-int gemv_quant_units = 1; /* SPARK_CUDA_QGEMV=groups: Q8_0 / Q4_K through gemv_groups_kernel (cu_gemv_units) */
+int gemv_quant_units = 1; /* SPARK_CUDA_QGEMV=groups: Q8_0 / Q4_K / Q6_K / Q4_0 through gemv_groups_kernel (cu_gemv_units) */
 
 int att_warps_env = -1;
 
@@ -766,6 +914,14 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
                          cols % (dtype == CU_Q8_0 ? 32 : 256) == 0;
     if (units_ok) {
         rows_kernel k = dtype == CU_Q8_0 ? for_tokens<quant_of<CU_Q8_0>::at>(n) : for_tokens<quant_of<CU_Q4_K>::at>(n);
+        launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
+        return cudaGetLastError();
+    }
+    /* Q6_K / Q4_0 in the file's layout, a warp a row (rows 4-byte aligned) */
+    const int file_ok = gemv_quant_units && ((uintptr_t)w % 4) == 0 && row_bytes % 4 == 0 &&
+                        ((dtype == CU_Q6_K && cols % 256 == 0) || (dtype == CU_Q4_0 && cols % 32 == 0));
+    if (file_ok) {
+        rows_kernel k = dtype == CU_Q6_K ? for_tokens<file_of<CU_Q6_K>::at>(n) : for_tokens<file_of<CU_Q4_0>::at>(n);
         launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
         return cudaGetLastError();
     }
