@@ -129,12 +129,16 @@ __device__ __forceinline__ void sweep_row(float *__restrict__ out, const uint4 *
     }
 }
 
+/* Warps a block of the few-token GEMVs below (a warp a row): their launch
+ * bounds, gemv_file_kernel's staging and the launches share it. */
+constexpr int ROW_WARPS = 8;
+
 /* Plain formats, 16-byte weight loads, a warp a row (so each row is one
  * contiguous stream). */
 template <typename T, int NT, int U>
-__global__ void __launch_bounds__(256) gemv_vec_kernel(float *__restrict__ out, const float *__restrict__ x,
-                                                       const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
-                                                       int64_t row_bytes)
+__global__ void __launch_bounds__(ROW_WARPS * WARP)
+gemv_vec_kernel(float *__restrict__ out, const float *__restrict__ x, const uint8_t *__restrict__ w, int64_t rows,
+                int64_t cols, int64_t row_bytes)
 {
     constexpr int PER = 16 / sizeof(T); /* values per 16-byte load */
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
@@ -184,9 +188,9 @@ __global__ void __launch_bounds__(256) gemv_vec_kernel(float *__restrict__ out, 
  * against contiguous x. Each unit's products are summed before its scale
  * (and Q4_K's min) is applied. */
 template <int FMT, int NT, int U>
-__global__ void __launch_bounds__(256) gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x,
-                                                         const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
-                                                         int64_t row_bytes)
+__global__ void __launch_bounds__(ROW_WARPS * WARP)
+gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x, const uint8_t *__restrict__ w, int64_t rows,
+                  int64_t cols, int64_t row_bytes)
 {
     constexpr int VALS = FMT == CU_Q8_0 ? 16 : 32; /* values a 16-byte unit holds */
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
@@ -330,12 +334,12 @@ __device__ __forceinline__ void file_chunk_dot(const uint8_t *buf, int n, const 
 }
 
 template <int FMT, int NT>
-__global__ void __launch_bounds__(256) gemv_file_kernel(float *__restrict__ out, const float *__restrict__ x,
-                                                        const uint8_t *__restrict__ w, int64_t rows, int64_t cols,
-                                                        int64_t row_bytes)
+__global__ void __launch_bounds__(ROW_WARPS * WARP)
+gemv_file_kernel(float *__restrict__ out, const float *__restrict__ x, const uint8_t *__restrict__ w, int64_t rows,
+                 int64_t cols, int64_t row_bytes)
 {
     using F = file_fmt<FMT>;
-    __shared__ uint32_t stage[256 / WARP][F::WORDS];
+    __shared__ uint32_t stage[ROW_WARPS][F::WORDS];
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     if (row >= rows) return;
     const int lane = threadIdx.x % WARP;
@@ -370,9 +374,9 @@ __global__ void __launch_bounds__(256) gemv_file_kernel(float *__restrict__ out,
  * decodes whole 32-value groups; neighbouring lanes read neighbouring
  * blocks, so a warp still sweeps the row front to back. */
 template <int NT>
-__global__ void __launch_bounds__(256) gemv_groups_kernel(float *__restrict__ out, const float *__restrict__ x,
-                                                          const uint8_t *__restrict__ w, int dtype, int64_t rows,
-                                                          int64_t cols, int64_t row_bytes)
+__global__ void __launch_bounds__(ROW_WARPS * WARP)
+gemv_groups_kernel(float *__restrict__ out, const float *__restrict__ x, const uint8_t *__restrict__ w, int dtype,
+                   int64_t rows, int64_t cols, int64_t row_bytes)
 {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
@@ -854,8 +858,7 @@ struct file_of {
 void launch_rows(cudaStream_t st, rows_kernel k, float *out, const float *x, const uint8_t *w, int64_t rows,
                  int64_t cols, int64_t row_bytes)
 {
-    const int warps = 8;
-    k<<<(unsigned)((rows + warps - 1) / warps), warps * WARP, 0, st>>>(out, x, w, rows, cols, row_bytes);
+    k<<<(unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS), ROW_WARPS * WARP, 0, st>>>(out, x, w, rows, cols, row_bytes);
 }
 
 int gemv_quant_units = 1; /* SPARK_CUDA_QGEMV=groups: Q8_0 / Q4_K / Q6_K / Q4_0 through gemv_groups_kernel (cu_gemv_units) */
@@ -906,8 +909,7 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
         launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
         return cudaGetLastError();
     }
-    const int warps = 8;
-    unsigned blocks = (unsigned)((rows + warps - 1) / warps);
+    unsigned blocks = (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS);
     /* the unit kernel needs every row's quants in whole 16-byte units, aligned */
     const int units_ok = gemv_quant_units && (dtype == CU_Q8_0 || dtype == CU_Q4_K) && row_bytes % 16 == 0 &&
                          ((uintptr_t)w % 16) == 0 && ((uintptr_t)x % 16) == 0 &&
@@ -926,10 +928,10 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
         return cudaGetLastError();
     }
     switch (n) {
-    case 1: gemv_groups_kernel<1><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
-    case 2: gemv_groups_kernel<2><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
-    case 3: gemv_groups_kernel<3><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
-    default: gemv_groups_kernel<4><<<blocks, warps * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
+    case 1: gemv_groups_kernel<1><<<blocks, ROW_WARPS * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
+    case 2: gemv_groups_kernel<2><<<blocks, ROW_WARPS * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
+    case 3: gemv_groups_kernel<3><<<blocks, ROW_WARPS * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
+    default: gemv_groups_kernel<4><<<blocks, ROW_WARPS * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
     }
     return cudaGetLastError();
 }
