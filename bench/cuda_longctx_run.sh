@@ -29,8 +29,6 @@ BIN=${BIN:-.carry}
 . "$(dirname "$0")/device_env.sh"
 carried_start
 
-# type_flags FMT: spark quantize's flags for a QFMTS entry (q4_k_m: llama.cpp's mix, Q6_K in places)
-type_flags() { [ "$1" = q4_k_m ] && echo "--type q4_k --recipe q4_k_m" || echo "--type $1"; }
 stamp "check: 4B shape, 4 layers, 600 tokens, decode vs CPU"
 wait_model m4b2 120
 timeout 200 python3 bench/decode_check.py /tmp/m4b2 ${PREFILL_CHECK:+--prefill} ${CHECKS:-default} 2>&1 | grep -v "^spark: CUDA" | tee -a "$SUMMARY"

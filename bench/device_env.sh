@@ -80,6 +80,7 @@ start_models() {
     rm -f /tmp/m4b2.done /tmp/m4b.done
     ( timeout 120 python3 bench/cuda_bench_model.py /tmp/m4b2 $SHAPE4B --layers 4 --max-ctx 4096 >"$OUT/models.log" 2>&1
       echo done >/tmp/m4b2.done
+      [ -n "${SMALL_ONLY:-}" ] && exit 0 # SMALL_ONLY=1: the 4-layer model alone
       timeout 300 python3 bench/cuda_bench_model.py /tmp/m4b $SHAPE4B --layers 36 --max-ctx 40960 >>"$OUT/models.log" 2>&1
       echo done >/tmp/m4b.done ) &
 }
@@ -107,6 +108,8 @@ probe_card() {
     note "$probe"
     CARD_TBS=$(echo "$probe" | sed -n 's/.*= \([0-9.]*\) TB\/s.*/\1/p')
 }
+# type_flags FMT: spark quantize's flags for a QFMTS entry (q4_k_m: llama.cpp's mix, Q6_K in places)
+type_flags() { [ "$1" = q4_k_m ] && echo "--type q4_k --recipe q4_k_m" || echo "--type $1"; }
 # The GPU test files a device script runs after its timings.
 GPU_TESTS="tests/py/test_cuda.py tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py"
 # gpu_tests LOG "FILES" [VAR=V ...]: pytest on FILES in that environment, the
