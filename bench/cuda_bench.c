@@ -194,7 +194,6 @@ int main(int argc, char **argv)
     if (t_again < t_pre) t_pre = t_again;
 
     double a = now();
-
     for (long i = 0; i < decode; i++)
         if (spark_session_eval(s, ids + prefill + i, 1, logits, 0) != SPARK_OK) die("decode");
     double t_dec = now() - a;

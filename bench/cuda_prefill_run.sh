@@ -35,7 +35,7 @@ split() {
 wait_model m4b 300
 split /tmp/m4b bf16
 for fmt in ${QFMTS:-}; do
-    timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf --type "$fmt" -q 2>&1 | tail -1 | tee -a "$SUMMARY"
+    timeout 240 "$SPARK_BIN" quantize /tmp/m4b /tmp/m4b-$fmt.gguf $(type_flags "$fmt") -q 2>&1 | tail -1 | tee -a "$SUMMARY"
     split /tmp/m4b-$fmt.gguf "$fmt"
     rm -f /tmp/m4b-$fmt.gguf
 done

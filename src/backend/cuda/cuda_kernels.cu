@@ -256,7 +256,7 @@ struct file_fmt {
     static constexpr int WORDS = CHUNK * BLK / 4, PER_LANE = (WORDS + WARP - 1) / WARP;
 };
 
-/* Chunk c's words (n blocks) into v: lane l holds words l, l + 32, ... */
+/* The words of the chunk of n blocks from block b0 into v: lane l holds words l, l + 32, ... */
 template <int FMT>
 __device__ __forceinline__ void file_chunk_load(const uint8_t *wr, int64_t b0, int n, int lane,
                                                 uint32_t (&v)[file_fmt<FMT>::PER_LANE])
