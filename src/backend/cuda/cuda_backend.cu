@@ -90,7 +90,17 @@ spark_status tab_put(cuda_backend *cb, const void *host, void *dev)
     return SPARK_OK;
 }
 
-/* Copy a Q8_0 / Q4_K matrix (host) into d in the device layout (cu_repack_rows), through a staging buffer. */
+/* The bytes of w's rows in the device layout (cu_dev_row_bytes: Q6_K's
+ * differ from the file's), and the stride of one. */
+int64_t dev_row_bytes(const weight_ref *w)
+{
+    return cu_dev_row_bytes(w->dtype, (int64_t)w->cols, (int64_t)dtype_row_bytes(w->dtype, (uint64_t)w->cols));
+}
+
+size_t dev_weight_bytes(const weight_ref *w) { return (size_t)dev_row_bytes(w) * (size_t)w->rows; }
+
+/* Copy a Q8_0 / Q4_K / Q6_K matrix (host, `bytes` in the file's layout)
+ * into d in the device layout (cu_repack_rows), through a staging buffer. */
 cudaError_t upload_repacked(cuda_backend *cb, void *d, const weight_ref *w, size_t bytes)
 {
     void *stage = NULL;
@@ -107,17 +117,19 @@ cudaError_t upload_repacked(cuda_backend *cb, void *d, const weight_ref *w, size
 }
 
 /* The device copy of `bytes` bytes at host address `host`, uploaded on first
- * use; a weight matrix `w` (else NULL) in the format's device layout. */
+ * use; a weight matrix `w` (else NULL) in the format's device layout
+ * (dev_weight_bytes of it on the device). */
 spark_status upload(cuda_backend *cb, const void *host, size_t bytes, const char *what, void **dev,
                     const weight_ref *w = NULL)
 {
     if ((*dev = tab_find(cb, host))) return SPARK_OK;
     void *d = NULL;
-    cudaError_t e = cudaMalloc(&d, bytes ? bytes : 16);
+    const size_t dev_bytes = w ? dev_weight_bytes(w) : bytes;
+    cudaError_t e = cudaMalloc(&d, dev_bytes ? dev_bytes : 16);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return spark_fail(SPARK_ERR_NOMEM, "CUDA backend: cannot allocate %zu bytes of device memory for %s (%s)",
-                          bytes, what, cudaGetErrorString(e));
+                          dev_bytes, what, cudaGetErrorString(e));
     }
     if (w && cu_repack_kind(w->dtype)) {
         e = upload_repacked(cb, d, w, bytes);
@@ -135,7 +147,7 @@ spark_status upload(cuda_backend *cb, const void *host, size_t bytes, const char
         cudaFree(d);
         return st;
     }
-    cb->weight_bytes += bytes;
+    cb->weight_bytes += dev_bytes;
     *dev = d;
     return SPARK_OK;
 }
@@ -494,7 +506,7 @@ void cuda_embed(backend *be, float *out, const weight_ref *table, const int32_t 
     c.w = dev_weight(cb, table);
     c.dtype = table->dtype;
     c.cols = table->cols;
-    c.row_bytes = (int64_t)dtype_row_bytes(table->dtype, (uint64_t)table->cols);
+    c.row_bytes = dev_row_bytes(table);
     if (n == 1 && cb->graphs) {
         if (cb->verbose) cb->host_t0 = host_now();
         cb->recording = 1;
@@ -541,7 +553,7 @@ void cuda_matmul(backend *be, float *out, const float *x, const weight_ref *w, i
     c.dtype = w->dtype;
     c.rows = w->rows;
     c.cols = w->cols;
-    c.row_bytes = (int64_t)dtype_row_bytes(w->dtype, (uint64_t)w->cols);
+    c.row_bytes = dev_row_bytes(w);
     submit(cb, &c);
 }
 

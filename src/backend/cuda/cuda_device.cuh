@@ -44,6 +44,35 @@ __device__ __forceinline__ void q4k_dev_sub_scale(const uint4 &h, int j, float *
     *m = h2f((uint16_t)(h.x >> 16)) * (float)mn;
 }
 
+/* A Q6_K 32-value unit in the device layout (cu_repack_rows), as bytes of
+ * its 6-bit values q + 32 (0..63): lo[k] holds values 4k..4k+3, hi[k]
+ * values 16 + 4k..16 + 4k + 3 (k = 0..3), one value a byte in order. The
+ * unit is q (16 bytes: byte t = the low 4 bits of values t and 16 + t, as
+ * a Q4_K sub-block's), h (8 bytes: byte b of h.x holds the top 2 bits of
+ * value 4s + b at bits 2s..2s+1, h.y the same for values 16..31) and a
+ * word s (bytes 0-1 the int8 scales of values 0..15 and 16..31, bytes
+ * 2-3 the superblock's f16 d): y = d * scale * (value - 32). */
+__device__ __forceinline__ void q6k_dev_unit(const uint4 &q, const uint2 &h, uint32_t (&lo)[4], uint32_t (&hi)[4])
+{
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        /* the top bits of values 4k + b sit at bits 2k of byte b: to bits 4-5 */
+        const uint32_t tl = k < 2 ? h.x << (4 - 2 * k) : h.x >> (2 * k - 4);
+        const uint32_t th = k < 2 ? h.y << (4 - 2 * k) : h.y >> (2 * k - 4);
+        lo[k] = (w[k] & 0x0f0f0f0fu) | (tl & 0x30303030u);
+        hi[k] = ((w[k] >> 4) & 0x0f0f0f0fu) | (th & 0x30303030u);
+    }
+}
+
+/* the unit's word s: d * scale of its two 16-value halves */
+__device__ __forceinline__ void q6k_dev_scales(uint32_t s, float *a0, float *a1)
+{
+    const float d = h2f((uint16_t)(s >> 16));
+    *a0 = d * (float)(int8_t)(s & 0xffu);
+    *a1 = d * (float)(int8_t)((s >> 8) & 0xffu);
+}
+
 /* acc + 8 bf16 weights (w: pairs low half first) . x, x = (a, b) in order:
  * a bf16 is the top half of its float, so each is a shift or a mask */
 __device__ __forceinline__ float dot_bf16x8(uint4 w, float4 a, float4 b, float acc)

@@ -1,6 +1,6 @@
 /*
  * cuda_fgemv.cu — the single-token GEMV of the fast decode path (fgemv) for
- * bf16, Q8_0 and Q4_K rows, and the choice of its launch shape.
+ * bf16, Q8_0, Q4_K and Q6_K rows, and the choice of its launch shape.
  *
  * Decode at batch 1 is a stream over the weights: every row is read as
  * 16-byte units, each lane of a warp keeping all of its units' loads in
@@ -12,12 +12,15 @@
  *   bf16   8 values;
  *   Q8_0   16 int8 values (half a block) and the block's f16 scale;
  *   Q4_K   a sub-block's 32 4-bit values and its superblock's 16-byte
- *          header (d, dmin, the 6-bit scales / mins).
+ *          header (d, dmin, the 6-bit scales / mins);
+ *   Q6_K   32 values' low 4 bits, beside an 8-byte load of their top 2
+ *          bits and a 4-byte one of their two scales and d.
  *
  * The quantized rows are in the GPU layout cu_repack_rows makes at upload
  * (each row's quants first, then its scales), so a unit is one aligned
  * 16-byte load; the bits are the file's (Q4_K's 6-bit scales and mins
- * reordered within their 12 bytes: q4k_dev_scale_min). Products are fp32
+ * reordered within their 12 bytes: q4k_dev_scale_min; Q6_K's regrouped by
+ * 32-value units, q6k_dev_unit). Products are fp32
  * on dequantized values: Q8_0 d * sum(q x), Q4_K a * sum(q x) - m * sum(x)
  * per sub-block (the sums of x per sub-block are computed once per launch).
  *
@@ -156,6 +159,49 @@ struct fmt_q4_k {
     }
 };
 
+/* GPU row: cols / 2 bytes of low 4 bits (16 per 32-value unit, byte t =
+ * values t and 16 + t), cols / 4 of top 2 bits (8 per unit), then a word per
+ * unit (its two 16-value halves' int8 scales, the superblock's f16 d): see
+ * q6k_dev_unit. y = d * scale * (q - 32), so y . x = a0 (q - 32) . x over
+ * values 0..15 + a1 (q - 32) . x over 16..31; byte_f<32> gives q - 32
+ * exactly from the byte. */
+struct fmt_q6_k {
+    static constexpr int DTYPE = CU_Q6_K, VALS = 32, RW_SINGLE = 2, X16 = 0, MINB = 0;
+    static constexpr double BYTES = 28.0;
+    struct unit {
+        uint4 q;
+        uint2 h;
+        uint32_t s;
+    };
+    __device__ static unit load(const uint8_t *row, int i, int cols)
+    {
+        return {__ldcs((const uint4 *)row + i), __ldcs((const uint2 *)(row + cols / 2) + i),
+                __ldcs((const unsigned int *)(row + cols / 2 + cols / 4) + i)};
+    }
+    __device__ static unit none() { return {make_uint4(0, 0, 0, 0), make_uint2(0, 0), 0}; }
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
+    {
+        uint32_t lo[4], hi[4];
+        q6k_dev_unit(u.q, u.h, lo, hi);
+        float a0, a1;
+        q6k_dev_scales(u.s, &a0, &a1);
+        float s0 = 0.0f, s1 = 0.0f; /* values 0..15 and 16..31: their own scales */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 xl = xs4[k * nvec + i], xh = xs4[(4 + k) * nvec + i];
+            s0 = fmaf(byte_f<32>(lo[k], 0), xl.x, s0);
+            s1 = fmaf(byte_f<32>(hi[k], 0), xh.x, s1);
+            s0 = fmaf(byte_f<32>(lo[k], 1), xl.y, s0);
+            s1 = fmaf(byte_f<32>(hi[k], 1), xh.y, s1);
+            s0 = fmaf(byte_f<32>(lo[k], 2), xl.z, s0);
+            s1 = fmaf(byte_f<32>(hi[k], 2), xh.z, s1);
+            s0 = fmaf(byte_f<32>(lo[k], 3), xl.w, s0);
+            s1 = fmaf(byte_f<32>(hi[k], 3), xh.w, s1);
+        }
+        return fmaf(a1, s1, fmaf(a0, s0, acc));
+    }
+};
+
 /* ---- quantized rows against x in int16 (the default for Q8_0 / Q4_K) --------- */
 /*
  * x rounded to int16 per 32 values, as the CPU's single-token kernels do
@@ -230,6 +276,28 @@ struct fmt_q4_k_x16 : fmt_q4_k {
     }
 };
 
+/* Q6_K against int16 x: the unit's bytes q (0..63, q6k_dev_unit) meet x in
+ * dp2a, and the -32 is applied through the halves' sums of x (load_x16's
+ * SUM16: aux[nvec + 2i], aux[nvec + 2i + 1], each d_x * the half's sum of
+ * int16 values): y . x = a_h (d_x S_h - 32 X_h) per 16-value half h. */
+struct fmt_q6_k_x16 : fmt_q6_k {
+    static constexpr int X16 = 1;
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *aux, int i, int nvec, float acc)
+    {
+        const uint4 *xq = (const uint4 *)xs4;
+        uint32_t lo[4], hi[4];
+        q6k_dev_unit(u.q, u.h, lo, hi);
+        float a0, a1;
+        q6k_dev_scales(u.s, &a0, &a1);
+        /* |S| <= 16 * 63 * 32767 < 2^25: its float is within 2^-24 relative */
+        const int S0 = dot8_x16(xq[nvec + i], lo[2], lo[3], dot8_x16(xq[i], lo[0], lo[1], 0));
+        const int S1 = dot8_x16(xq[3 * nvec + i], hi[2], hi[3], dot8_x16(xq[2 * nvec + i], hi[0], hi[1], 0));
+        const float dx = aux[i];
+        acc = fmaf(a0, fmaf(dx, (float)S0, -32.0f * aux[nvec + 2 * i]), acc);
+        return fmaf(a1, fmaf(dx, (float)S1, -32.0f * aux[nvec + 2 * i + 1]), acc);
+    }
+};
+
 /* Block 0 writes the normalised x to a.xn, (x * inv) * nw as load_norm_x
  * does, for a kernel that kept inv out of its x (x and nw again from L1). */
 __device__ __forceinline__ void write_xn(const cu_fgemv_args &a, float inv)
@@ -259,7 +327,9 @@ __device__ __forceinline__ void write_xn(const cu_fgemv_args &a, float inv)
  * once, together, and the sum of squares ends at the barrier that publishes
  * xq. Block 0 then rereads x and nw (L1) to write a.xn = (x * inv) * nw,
  * exactly as load_norm_x does. Returns 1 without a norm (bit-unchanged). */
-template <int VPU>
+/* SUM16 (Q6_K, whose scales are per 16 values): xs holds d * the sum of
+ * each 16-value half (cols / 16 of them) instead of each group's. */
+template <int VPU, bool SUM16>
 __device__ __forceinline__ float load_x16(const cu_fgemv_args &a, uint4 *xq, float *xd, float *xs, float *red)
 {
     const int halves = a.cols / 16, nvec = a.cols / (8 * VPU);
@@ -307,12 +377,17 @@ __device__ __forceinline__ float load_x16(const cu_fgemv_args &a, uint4 *xq, flo
             p[2 * k] = ((uint32_t)q0 & 0xffffu) | ((uint32_t)q1 << 16);
             p[2 * k + 1] = ((uint32_t)q2 & 0xffffu) | ((uint32_t)q3 << 16);
         }
+        const int half_sum = sum; /* this lane's 16 values */
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         if (in) {
             const int j = 2 * h; /* the uint4s of values 8j..8j+15: unit j / VPU, parts j % VPU and the next */
             xq[(j % VPU) * nvec + j / VPU] = make_uint4(p[0], p[1], p[2], p[3]);
             xq[((j + 1) % VPU) * nvec + (j + 1) / VPU] = make_uint4(p[4], p[5], p[6], p[7]);
-            if ((h & 1) == 0) {
+            if (SUM16) {
+                const float d = m / 32767.0f;
+                xs[h] = d * (float)half_sum; /* |sum| <= 16 * 32767: exact in float */
+                if ((h & 1) == 0) xd[h / 2] = d;
+            } else if ((h & 1) == 0) {
                 const float d = m / 32767.0f;
                 xd[h / 2] = d;
                 xs[h / 2] = d * (float)sum; /* |sum| <= 32 * 32767: exact in float */
@@ -404,7 +479,7 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
     float xscale = 1.0f; /* the norm's 1 / RMS when load_x16 left it out of x */
     if constexpr (F::X16) {
         float *xd = (float *)((uint4 *)xs4 + a.cols / 8);
-        xscale = load_x16<F::VALS / 8>(a, (uint4 *)xs4, xd, xd + a.cols / 32, red);
+        xscale = load_x16<F::VALS / 8, F::DTYPE == CU_Q6_K>(a, (uint4 *)xs4, xd, xd + a.cols / 32, red);
         xsum = xd;
     } else {
         /* x (RMS-normalised when nw), by units. (The norm's scale left
@@ -543,17 +618,48 @@ __global__ void __launch_bounds__(FG_THREADS, F::MINB) fgemv_kernel(cu_fgemv_arg
     tl_mark(a.tl, 2);
 }
 
+/* Superblock b of a Q6_K row (blk: the file's 210 bytes) into the device
+ * row d (q6k_dev_unit): unit u = 4 h + k holds values 128 h + 32 k + l,
+ * whose low 4 bits are ql[64 h + 32 (k & 1) + l] (the high nibble for
+ * k >= 2), top 2 bits qh[32 h + l] >> 2 k, scales sc[2 u], sc[2 u + 1]
+ * (model/quant.c). */
+__device__ void repack_q6_k(uint8_t *d, const uint8_t *blk, int64_t b, int64_t cols)
+{
+    auto low4 = [&](int u, int l) { /* value l of unit u, its low 4 bits */
+        const int h = u / 4, k = u % 4;
+        return (blk[64 * h + 32 * (k & 1) + l] >> (k < 2 ? 0 : 4)) & 0x0F;
+    };
+    auto top2 = [&](int u, int l) { return (blk[128 + 32 * (u / 4) + l] >> (2 * (u % 4))) & 3; };
+    for (int u = 0; u < 8; u++) {
+        const int64_t i = 8 * b + u; /* the unit's index in the row */
+        uint8_t *q = d + 16 * i, *h = d + cols / 2 + 8 * i, *w = d + cols / 2 + cols / 4 + 4 * i;
+        for (int t = 0; t < 16; t++) q[t] = (uint8_t)(low4(u, t) | low4(u, 16 + t) << 4);
+        for (int half = 0; half < 2; half++)
+            for (int bb = 0; bb < 4; bb++) {
+                int v = 0;
+                for (int sh = 0; sh < 4; sh++) v |= top2(u, 16 * half + 4 * sh + bb) << (2 * sh);
+                h[4 * half + bb] = (uint8_t)v;
+            }
+        w[0] = blk[192 + 2 * u];
+        w[1] = blk[192 + 2 * u + 1];
+        w[2] = blk[208];
+        w[3] = blk[209];
+    }
+}
+
 /* GPU layout of quantized rows (see the formats above), one thread per block. */
 __global__ void repack_rows_kernel(uint8_t *dst, const uint8_t *src, int dtype, int64_t rows, int64_t cols,
-                                   int64_t row_bytes)
+                                   int64_t src_row_bytes, int64_t dst_row_bytes)
 {
     const int64_t per_row = dtype == CU_Q8_0 ? cols / 32 : cols / 256;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < rows * per_row;
          t += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = t / per_row, b = t % per_row;
-        const uint8_t *s = src + r * row_bytes;
-        uint8_t *d = dst + r * row_bytes;
-        if (dtype == CU_Q8_0) {
+        const uint8_t *s = src + r * src_row_bytes;
+        uint8_t *d = dst + r * dst_row_bytes;
+        if (dtype == CU_Q6_K) {
+            repack_q6_k(d, s + b * 210, b, cols);
+        } else if (dtype == CU_Q8_0) {
             const uint8_t *blk = s + b * 34;
             d[cols + 2 * b] = blk[0];
             d[cols + 2 * b + 1] = blk[1];
@@ -641,6 +747,9 @@ fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair, bool db, bool x16)
     case CU_Q4_K:
         if (db && x16) return fg_pick_f<fmt_q4_k_x16, true>(ksi, nvi, pair);
         return db ? fg_pick_f<fmt_q4_k, true>(ksi, nvi, pair) : fg_pick_f<fmt_q4_k, false>(ksi, nvi, pair);
+    case CU_Q6_K:
+        if (db && x16) return fg_pick_f<fmt_q6_k_x16, true>(ksi, nvi, pair);
+        return db ? fg_pick_f<fmt_q6_k, true>(ksi, nvi, pair) : fg_pick_f<fmt_q6_k, false>(ksi, nvi, pair);
     default: return NULL;
     }
 }
@@ -669,22 +778,28 @@ bool fg_x16(int dtype)
         const char *e = getenv("SPARK_CUDA_QX16");
         mode = e && *e ? atoi(e) != 0 : 1;
     }
-    return mode != 0 && fg_db() && (dtype == CU_Q8_0 || dtype == CU_Q4_K);
+    return mode != 0 && fg_db() && (dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K);
 }
 
 /* values per unit, bytes read per unit, NV choices, rows a warp of a single matrix */
 void fg_format(int dtype, int *vals, double *bytes, int *nnv, int *rw)
 {
-    *rw = dtype == CU_BF16 ? fmt_bf16::RW_SINGLE : dtype == CU_Q8_0 ? fmt_q8_0::RW_SINGLE : fmt_q4_k::RW_SINGLE;
-    *vals = dtype == CU_BF16 ? fmt_bf16::VALS : dtype == CU_Q8_0 ? fmt_q8_0::VALS : fmt_q4_k::VALS;
-    *bytes = dtype == CU_BF16 ? fmt_bf16::BYTES : dtype == CU_Q8_0 ? fmt_q8_0::BYTES : fmt_q4_k::BYTES;
+    switch (dtype) {
+    case CU_BF16: *rw = fmt_bf16::RW_SINGLE, *vals = fmt_bf16::VALS, *bytes = fmt_bf16::BYTES; break;
+    case CU_Q8_0: *rw = fmt_q8_0::RW_SINGLE, *vals = fmt_q8_0::VALS, *bytes = fmt_q8_0::BYTES; break;
+    case CU_Q4_K: *rw = fmt_q4_k::RW_SINGLE, *vals = fmt_q4_k::VALS, *bytes = fmt_q4_k::BYTES; break;
+    default: *rw = fmt_q6_k::RW_SINGLE, *vals = fmt_q6_k::VALS, *bytes = fmt_q6_k::BYTES; break;
+    }
     *nnv = dtype == CU_BF16 ? FG_NNV_BF16 : FG_NNV_Q;
 }
 
-/* float x (+ Q4_K's unit sums), or int16 x + its groups' d and sums */
+/* float x (+ Q4_K's unit sums), or int16 x + its groups' d and sums (Q6_K:
+ * its halves' sums) */
 size_t fg_smem(int dtype, int64_t cols)
 {
-    if (fg_x16(dtype)) return (size_t)cols * 2 + (size_t)cols / 32 * 2 * sizeof(float);
+    if (fg_x16(dtype))
+        return (size_t)cols * 2 + (size_t)cols / 32 * sizeof(float) +
+               (size_t)cols / (dtype == CU_Q6_K ? 16 : 32) * sizeof(float);
     return (size_t)cols * sizeof(float) + (dtype == CU_Q4_K ? (size_t)cols / 4 : 0);
 }
 
@@ -719,10 +834,13 @@ int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64
      * largest instantiated NV at KS = 8 */
     int vals, nnv, rw;
     double bytes;
-    if (dtype != CU_BF16 && dtype != CU_Q8_0 && dtype != CU_Q4_K) return 0;
+    if (dtype != CU_BF16 && dtype != CU_Q8_0 && dtype != CU_Q4_K && dtype != CU_Q6_K) return 0;
     fg_format(dtype, &vals, &bytes, &nnv, &rw);
-    const int64_t want_rb = dtype == CU_BF16 ? cols * 2 : dtype == CU_Q8_0 ? cols / 32 * 34 : cols / 256 * 144;
-    const int64_t unit = dtype == CU_Q4_K ? 256 : dtype == CU_Q8_0 ? 256 : 8; /* Q8_0: 8 blocks keep rows aligned */
+    const int64_t want_rb = dtype == CU_BF16   ? cols * 2
+                            : dtype == CU_Q8_0 ? cols / 32 * 34
+                            : dtype == CU_Q4_K ? cols / 256 * 144
+                                               : cols / 256 * 224; /* Q6_K: the device row (cu_dev_row_bytes) */
+    const int64_t unit = dtype == CU_BF16 ? 8 : 256; /* Q8_0: 8 blocks keep rows aligned */
     return cols > 0 && cols % unit == 0 && row_bytes == want_rb && row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 &&
            fg_smem(dtype, cols) <= 46 * 1024 && cols / vals <= 8 * WARP * fg_nv(dtype, nnv - 1) && rows > 0 &&
            rows < ((int64_t)1 << 31);
@@ -819,7 +937,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
 
 void cu_fgemv_prepare(int64_t cols)
 {
-    const int dtypes[] = {CU_BF16, CU_Q8_0, CU_Q4_K};
+    const int dtypes[] = {CU_BF16, CU_Q8_0, CU_Q4_K, CU_Q6_K};
     for (int dtype : dtypes) {
         int vals, nnv, rw;
         double bytes;
@@ -832,16 +950,22 @@ void cu_fgemv_prepare(int64_t cols)
     }
 }
 
-int cu_repack_kind(int dtype) { return dtype == CU_Q8_0 || dtype == CU_Q4_K; }
+int cu_repack_kind(int dtype) { return dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K; }
+
+int64_t cu_dev_row_bytes(int dtype, int64_t cols, int64_t file_row_bytes)
+{
+    return dtype == CU_Q6_K && cols % 256 == 0 ? cols / 256 * 224 : file_row_bytes;
+}
 
 cudaError_t cu_repack_rows(cudaStream_t st, void *dst, const void *src, int dtype, int64_t rows, int64_t cols,
-                           int64_t row_bytes)
+                           int64_t file_row_bytes)
 {
     if (!cu_repack_kind(dtype) || cols % (dtype == CU_Q8_0 ? 32 : 256) != 0) return cudaErrorInvalidValue;
     const int64_t work = rows * (dtype == CU_Q8_0 ? cols / 32 : cols / 256);
     int64_t blocks = (work + 255) / 256;
     if (blocks > 65535LL * 16) blocks = 65535LL * 16;
-    repack_rows_kernel<<<(unsigned)(blocks > 0 ? blocks : 1), 256, 0, st>>>((uint8_t *)dst, (const uint8_t *)src, dtype,
-                                                                           rows, cols, row_bytes);
+    repack_rows_kernel<<<(unsigned)(blocks > 0 ? blocks : 1), 256, 0, st>>>(
+        (uint8_t *)dst, (const uint8_t *)src, dtype, rows, cols, file_row_bytes,
+        cu_dev_row_bytes(dtype, cols, file_row_bytes));
     return cudaGetLastError();
 }

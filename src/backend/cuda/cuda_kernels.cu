@@ -32,8 +32,9 @@ __device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return *(const uint
 
 /* y[0..31] = values [32g, 32g + 32) of a row (zeros past `cols` for the plain
  * formats; block formats always hold whole groups). Layouts: model/quant.c,
- * except Q8_0 and Q4_K, which are in the device layout of cu_repack_rows
- * (quants first, then the row's scales / superblock headers). */
+ * except Q8_0, Q4_K and Q6_K, which are in the device layout of
+ * cu_repack_rows (quants first, then the row's scales / superblock
+ * headers). */
 __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, float *y)
 {
     int64_t c0 = g * 32;
@@ -75,17 +76,14 @@ __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, flo
         for (int l = 0; l < 32; l++) y[l] = a * (float)((q[l & 15] >> (l < 16 ? 0 : 4)) & 0x0F) - m;
         return;
     }
-    case CU_Q6_K: {
-        const uint8_t *b = row + (g / 8) * 210;
-        int j = (int)(g % 8), half = j / 4, which = j % 4;
-        const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
-        const int8_t *sc = (const int8_t *)(b + 192) + 8 * half;
-        float d = h2f(ld16(b + 208));
-        for (int l = 0; l < 32; l++) {
-            int lo = (which & 1) ? ql[l + 32] : ql[l];
-            lo = (which & 2) ? (lo >> 4) : (lo & 0x0F);
-            int q = (lo | (((qh[l] >> (2 * which)) & 3) << 4)) - 32;
-            y[l] = d * (float)sc[l / 16 + 2 * which] * (float)q;
+    case CU_Q6_K: { /* unit g (q6k_dev_unit) */
+        uint32_t lo[4], hi[4];
+        q6k_dev_unit(*((const uint4 *)row + g), *((const uint2 *)(row + cols / 2) + g), lo, hi);
+        float a0, a1;
+        q6k_dev_scales(*((const uint32_t *)(row + cols / 2 + cols / 4) + g), &a0, &a1);
+        for (int l = 0; l < 16; l++) {
+            y[l] = a0 * (float)((int)((lo[l / 4] >> (8 * (l % 4))) & 0xFF) - 32);
+            y[16 + l] = a1 * (float)((int)((hi[l / 4] >> (8 * (l % 4))) & 0xFF) - 32);
         }
         return;
     }
@@ -181,12 +179,13 @@ gemv_vec_kernel(float *__restrict__ out, const float *__restrict__ x, const uint
     sweep_row<NT, U>(out, (const uint4 *)(w + row * row_bytes), cols / PER, row, rows, fold);
 }
 
-/* Q8_0 and Q4_K in the device layout (cu_repack_rows), a few tokens: a warp
- * a row, as gemv_vec_kernel. A Q8_0 unit is 16 values of one block (its f16
- * scale follows the row's quants); a Q4_K unit is one 32-value sub-block,
- * byte t holding values t and 16 + t, so both decode in column order
- * against contiguous x. Each unit's products are summed before its scale
- * (and Q4_K's min) is applied. */
+/* Q8_0, Q4_K and Q6_K in the device layout (cu_repack_rows), a few tokens:
+ * a warp a row, as gemv_vec_kernel. A Q8_0 unit is 16 values of one block
+ * (its f16 scale follows the row's quants); a Q4_K unit is one 32-value
+ * sub-block, byte t holding values t and 16 + t, and a Q6_K unit the low 4
+ * bits of 32 values so (its top bits and scales read beside), so all decode
+ * in column order against contiguous x. Each unit's products are summed
+ * before its scale (and Q4_K's min) is applied. */
 template <int FMT, int NT, int U>
 __global__ void __launch_bounds__(ROW_WARPS * WARP)
 gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x, const uint8_t *__restrict__ w, int64_t rows,
@@ -197,17 +196,20 @@ gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x, const ui
     if (row >= rows) return;
     const uint8_t *wr = w + row * row_bytes;
     auto fold = [&](int64_t i, uint4 v, float(&acc)[NT]) {
-        const uint32_t p[4] = {v.x, v.y, v.z, v.w};
-        float scale, shift = 0.0f;
+        uint32_t p[4] = {v.x, v.y, v.z, v.w}, p6[4]; /* Q6_K: values 0..15, 16..31 (q + 32) */
+        float scale, shift = 0.0f, scale1 = 0.0f;
         if constexpr (FMT == CU_Q8_0) {
             scale = h2f(__ldg((const unsigned short *)(wr + cols) + i / 2));
-        } else {
+        } else if constexpr (FMT == CU_Q4_K) {
             q4k_dev_sub_scale(*((const uint4 *)(wr + cols / 2) + i / 8), (int)(i % 8), &scale, &shift);
+        } else {
+            q6k_dev_unit(v, __ldg((const uint2 *)(wr + cols / 2) + i), p, p6);
+            q6k_dev_scales(__ldg((const unsigned int *)(wr + cols / 2 + cols / 4) + i), &scale, &scale1);
         }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float4 *xv = (const float4 *)(x + t * cols + i * VALS);
-            float dot = 0.0f, xsum = 0.0f;
+            float dot = 0.0f, dot1 = 0.0f, xsum = 0.0f; /* dot1: Q6_K's values 16..31 */
 #pragma unroll
             for (int k = 0; k < VALS / 4; k++) {
                 float4 a = __ldg(xv + k);
@@ -217,42 +219,43 @@ gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x, const ui
                     const int c = 4 * k + e; /* the value's column within the unit */
                     if constexpr (FMT == CU_Q8_0)
                         q[e] = (float)(int8_t)(p[c / 4] >> (8 * (c % 4)));
-                    else
+                    else if constexpr (FMT == CU_Q4_K)
                         q[e] = (float)((p[(c % 16) / 4] >> (8 * (c % 4) + (c < 16 ? 0 : 4))) & 0x0F);
+                    else
+                        q[e] = (float)((int)(((c < 16 ? p : p6)[(c % 16) / 4] >> (8 * (c % 4))) & 0xFF) - 32);
                 }
-                dot = fmaf(q[0], a.x, fmaf(q[1], a.y, fmaf(q[2], a.z, fmaf(q[3], a.w, dot))));
+                if (FMT == CU_Q6_K && k >= 4)
+                    dot1 = fmaf(q[0], a.x, fmaf(q[1], a.y, fmaf(q[2], a.z, fmaf(q[3], a.w, dot1))));
+                else
+                    dot = fmaf(q[0], a.x, fmaf(q[1], a.y, fmaf(q[2], a.z, fmaf(q[3], a.w, dot))));
                 if constexpr (FMT == CU_Q4_K) xsum += (a.x + a.y) + (a.z + a.w);
             }
             acc[t] = fmaf(scale, dot, acc[t]);
             if constexpr (FMT == CU_Q4_K) acc[t] = fmaf(-shift, xsum, acc[t]);
+            if constexpr (FMT == CU_Q6_K) acc[t] = fmaf(scale1, dot1, acc[t]);
         }
     };
     sweep_row<NT, U>(out, (const uint4 *)wr, cols / VALS, row, rows, fold);
 }
 
-/* Q6_K and Q4_0 rows as the file stores them, a warp a row.
- *
- *   Q6_K  210-byte superblocks of 256 values: ql[128], qh[64], 16 int8
- *         scales, f16 d; value 128 h + 32 k + l is 4 bits of
- *         ql[64 h + 32 (k & 1) + l] (the low nibble for k < 2) and 2 bits of
- *         qh[32 h + l] shifted by 2 k, minus 32, times d * scale[8 h + l / 16 + 2 k];
- *   Q4_0  18-byte blocks of 32 values: f16 d, then byte i holding value i
- *         (low nibble) and 16 + i (high), minus 8, times d.
- *
- * Neither block is 4-byte aligned in the row, so the warp copies a chunk
- * of whole blocks (FB_SB of them: 840 / 1152 bytes) into its shared memory
- * with coalesced 4-byte loads, the next chunk's loads in flight while it
- * decodes the current one from there; a lane then takes position l of each
- * 32-value quarter (Q6_K) or byte l % 16 of every other block (Q4_0), so
- * its x reads are neighbours too. (gemv_groups_kernel, a lane a whole group
- * read byte by byte, took ~18-20 ms a token for the 4B: bench/cuda_runs.md run 31; byte
- * loads straight from global memory were sunk by ptxas to their products.)
- * Needs rows 4-byte aligned. */
+/* Q4_0 rows as the file stores them (18-byte blocks of 32 values: f16 d,
+ * then byte i holding value i (low nibble) and 16 + i (high), minus 8,
+ * times d), a warp a row. A block is not 4-byte aligned in the row, so the
+ * warp copies a chunk of whole blocks (CHUNK of them: 1152 bytes) into its
+ * shared memory with coalesced 4-byte loads, the next chunk's loads in
+ * flight while it decodes the current one from there; a lane then takes
+ * byte l % 16 of every other block, so its x reads are neighbours too.
+ * (gemv_groups_kernel, a lane a whole group read byte by byte, took ~18-20
+ * ms a token for the 4B: bench/cuda_runs.md run 31; byte loads straight
+ * from global memory were sunk by ptxas to their products.) Needs rows
+ * 4-byte aligned. (Q6_K, which this kernel also read until its device
+ * layout, now decodes through gemv_quant_kernel and fgemv.) */
 template <int FMT>
 struct file_fmt {
-    static constexpr int BLK = FMT == CU_Q6_K ? 210 : 18; /* bytes a block */
-    static constexpr int VALS = FMT == CU_Q6_K ? 256 : 32;
-    static constexpr int CHUNK = FMT == CU_Q6_K ? 4 : 64; /* blocks a chunk */
+    static_assert(FMT == CU_Q4_0, "file-layout GEMV: Q4_0 only");
+    static constexpr int BLK = 18; /* bytes a block */
+    static constexpr int VALS = 32;
+    static constexpr int CHUNK = 64; /* blocks a chunk */
     static constexpr int WORDS = CHUNK * BLK / 4, PER_LANE = (WORDS + WARP - 1) / WARP;
 };
 
@@ -263,7 +266,7 @@ __device__ __forceinline__ void file_chunk_load(const uint8_t *wr, int64_t b0, i
 {
     using F = file_fmt<FMT>;
     const uint32_t *src = (const uint32_t *)(wr + b0 * F::BLK);
-    const int words = n * F::BLK / 4; /* an odd Q6_K count leaves 2 bytes: file_chunk_store */
+    const int words = n * F::BLK / 4; /* an odd count leaves 2 bytes: file_chunk_store */
 #pragma unroll
     for (int k = 0; k < F::PER_LANE; k++) {
         const int i = lane + WARP * k;
@@ -292,42 +295,20 @@ __device__ __forceinline__ void file_chunk_dot(const uint8_t *buf, int n, const 
                                                int lane, float (&acc)[NT])
 {
     using F = file_fmt<FMT>;
-    if constexpr (FMT == CU_Q6_K) {
-#pragma unroll
-        for (int s = 0; s < F::CHUNK; s++) {
-            if (s >= n) break;
-            const uint8_t *b = buf + s * F::BLK;
-            const float d = h2f(*(const unsigned short *)(b + 208));
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint32_t qh = b[128 + 32 * h + lane];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const uint32_t lo = (b[64 * h + 32 * (k & 1) + lane] >> (k < 2 ? 0 : 4)) & 0x0Fu;
-                    const int q = (int)(lo | ((qh >> (2 * k)) & 3u) << 4) - 32;
-                    const float v = d * (float)(int8_t)b[192 + 8 * h + lane / 16 + 2 * k] * (float)q;
-                    const int64_t c = c0 + s * 256 + 128 * h + 32 * k + lane;
-#pragma unroll
-                    for (int t = 0; t < NT; t++) acc[t] = fmaf(v, __ldg(x + t * cols + c), acc[t]);
-                }
-            }
-        }
-    } else {
-        const int i = lane % 16;
+    const int i = lane % 16;
 #pragma unroll 8
-        for (int s = 0; s < F::CHUNK / 2; s++) {
-            const int j = 2 * s + lane / 16; /* this half-warp's block */
-            if (2 * s >= n) break;
-            if (j < n) {
-                const uint8_t *b = buf + j * F::BLK;
-                const float d = h2f(*(const unsigned short *)b);
-                const uint32_t q = b[2 + i];
-                const float lo = d * (float)((int)(q & 0x0Fu) - 8), hi = d * (float)((int)(q >> 4) - 8);
+    for (int s = 0; s < F::CHUNK / 2; s++) {
+        const int j = 2 * s + lane / 16; /* this half-warp's block */
+        if (2 * s >= n) break;
+        if (j < n) {
+            const uint8_t *b = buf + j * F::BLK;
+            const float d = h2f(*(const unsigned short *)b);
+            const uint32_t q = b[2 + i];
+            const float lo = d * (float)((int)(q & 0x0Fu) - 8), hi = d * (float)((int)(q >> 4) - 8);
 #pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    const float *xb = x + t * cols + c0 + j * 32 + i;
-                    acc[t] = fmaf(lo, __ldg(xb), fmaf(hi, __ldg(xb + 16), acc[t]));
-                }
+            for (int t = 0; t < NT; t++) {
+                const float *xb = x + t * cols + c0 + j * 32 + i;
+                acc[t] = fmaf(lo, __ldg(xb), fmaf(hi, __ldg(xb + 16), acc[t]));
             }
         }
     }
@@ -911,20 +892,21 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
     }
     unsigned blocks = (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS);
     /* the unit kernel needs every row's quants in whole 16-byte units, aligned */
-    const int units_ok = gemv_quant_units && (dtype == CU_Q8_0 || dtype == CU_Q4_K) && row_bytes % 16 == 0 &&
-                         ((uintptr_t)w % 16) == 0 && ((uintptr_t)x % 16) == 0 &&
+    const int units_ok = gemv_quant_units && (dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K) &&
+                         row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 && ((uintptr_t)x % 16) == 0 &&
                          cols % (dtype == CU_Q8_0 ? 32 : 256) == 0;
     if (units_ok) {
-        rows_kernel k = dtype == CU_Q8_0 ? for_tokens<quant_of<CU_Q8_0>::at>(n) : for_tokens<quant_of<CU_Q4_K>::at>(n);
+        rows_kernel k = dtype == CU_Q8_0   ? for_tokens<quant_of<CU_Q8_0>::at>(n)
+                        : dtype == CU_Q4_K ? for_tokens<quant_of<CU_Q4_K>::at>(n)
+                                           : for_tokens<quant_of<CU_Q6_K>::at>(n);
         launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
         return cudaGetLastError();
     }
-    /* Q6_K / Q4_0 in the file's layout, a warp a row (rows 4-byte aligned) */
-    const int file_ok = gemv_quant_units && ((uintptr_t)w % 4) == 0 && row_bytes % 4 == 0 &&
-                        ((dtype == CU_Q6_K && cols % 256 == 0) || (dtype == CU_Q4_0 && cols % 32 == 0));
+    /* Q4_0 in the file's layout, a warp a row (rows 4-byte aligned) */
+    const int file_ok = gemv_quant_units && ((uintptr_t)w % 4) == 0 && row_bytes % 4 == 0 && dtype == CU_Q4_0 &&
+                        cols % 32 == 0;
     if (file_ok) {
-        rows_kernel k = dtype == CU_Q6_K ? for_tokens<file_of<CU_Q6_K>::at>(n) : for_tokens<file_of<CU_Q4_0>::at>(n);
-        launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
+        launch_rows(st, for_tokens<file_of<CU_Q4_0>::at>(n), out, x, wb, rows, cols, row_bytes);
         return cudaGetLastError();
     }
     switch (n) {
