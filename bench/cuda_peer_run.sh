@@ -3,7 +3,7 @@
 # llama.cpp's (CUDA) on the same 36-layer 4B-shaped GGUF files, each format
 # quantized here by `spark quantize`, the two programs alternating twice.
 #
-#   BIN=.carry PEER=.carry-peer [FMTS="bf16 q8_0 q4_k"] [TESTK=expr] bash bench/cuda_peer_run.sh
+#   BIN=.carry PEER=.carry-peer [FMTS="bf16 q8_0 q4_k q4_k_m"] [TESTK=expr] bash bench/cuda_peer_run.sh
 #
 # (TESTK: test_cuda.py's tests that -k selects, run first.)
 # PEER holds llama-bench.xz: llama.cpp's llama-bench built elsewhere with
@@ -38,7 +38,7 @@ wait_model m4b 300 || exit 1
 for fmt in ${FMTS:-bf16 q8_0 q4_k}; do
     stamp "36 layers in $fmt"
     f=/tmp/m4b-$fmt.gguf
-    timeout 240 "$SPARK_BIN" quantize /tmp/m4b $f --type $fmt -q 2>&1 | tail -1 | tee -a "$SUMMARY"
+    timeout 240 "$SPARK_BIN" quantize /tmp/m4b $f $(type_flags "$fmt") -q 2>&1 | tail -1 | tee -a "$SUMMARY"
     timeout 200 python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path
 from run_cpu_bench import llama_copy; llama_copy(Path('$f'), Path('/tmp/llama-$fmt.gguf'))" 2>&1 | tail -2 | tee -a "$SUMMARY"
     for round in 1 2; do

@@ -282,32 +282,13 @@ def test_spark_tiny_prefill_paths_match_cpu(gpu, fmt, route, tmp_path, monkeypat
     check(f"spark-tiny {fmt} prefill ({route})", np.load(out), cpu, tol=1e-4)
 
 
-@pytest.mark.parametrize("fmt", ["q4_0"])
-def test_file_layout_gemv_matches_cpu_and_the_groups_kernel(gpu, fmt, tmp_path, monkeypatch):
-    """Q4_0 decode GEMVs read the file's blocks through a warp's shared
-    memory (gemv_file_kernel); SPARK_CUDA_QGEMV=groups keeps the old
-    group-a-lane kernel. Both must match the CPU, and each other to fp32
-    reordering. (Q6_K, which has a device layout now, decodes on fgemv:
-    test_quantized_fgemv_matches_cpu.)"""
-    path = tmp_path / f"tiny-{fmt}.gguf"
-    run_spark(["quantize", TINY, path, "--type", fmt, "-q"])
-    ids = TINY_IDS[:24]
-    cpu = logits(tmp_path, path, ids, "--all")
-    new = logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu")
-    monkeypatch.setenv("SPARK_CUDA_QGEMV", "groups")
-    old = logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu")
-    check(f"spark-tiny {fmt} decode (file-layout GEMV)", new, cpu[: len(ids)])
-    check(f"spark-tiny {fmt} decode (groups GEMV)", old, cpu[: len(ids)])
-    check(f"spark-tiny {fmt} decode, file-layout vs groups GEMV", new, old)
+FG_DTYPE = {"q8_0": 3, "q4_0": 4, "q4_k": 5, "q6_k": 6}  # the CU_ dtype codes SPARK_CUDA_FG_SHOW prints
 
 
-FG_DTYPE = {"q8_0": 3, "q4_k": 5, "q6_k": 6}  # the CU_ dtype codes SPARK_CUDA_FG_SHOW prints
-
-
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k", "q4_0"])
 @pytest.mark.parametrize("model", ["spark-tiny", "d256_gqa4_w16"])
 def test_quantized_fgemv_matches_cpu(models, model, fmt, tmp_path, monkeypatch):
-    """Decode with Q8_0 / Q4_K / Q6_K matrices on the fast GEMV (cuda_fgemv.cu: rows in
+    """Decode with block-format matrices on the fast GEMV (cuda_fgemv.cu: rows in
     the device layout made at upload, the norm, qkv + gate, the gate/up pair with
     GELU and the residual adds fused, the tied head): every matrix kind must have
     run through it (SPARK_CUDA_FG_SHOW lists the launches) and the logits agree
@@ -337,8 +318,16 @@ def test_quantized_fgemv_matches_cpu(models, model, fmt, tmp_path, monkeypatch):
     # a few ulps apart already round a few % of their elements to the other
     # neighbour, each a full step; test_quantized_fgemv_int16_x_against_numpy
     # checks the rounding itself.)
-    cpu16 = logits(tmp_path, path, ids, "--all", "--mode", "decode")
-    own = rel_l2_rows(cpu16, cpu[: len(ids)]).max()
+    # The CPU decodes Q4_0 with float x, so there the bar is the CPU's int16-x
+    # error on the same model in Q8_0 (the rounding is x's, whatever the rows).
+    bar_path = path
+    if fmt == "q4_0":
+        bar_path = tmp_path / f"{model}-q8_0-bar.gguf"
+        run_spark(["quantize", src, bar_path, "--type", "q8_0", "-q"])
+    bar_exact = cpu if bar_path == path else logits(tmp_path, bar_path, ids, "--all")
+    cpu16 = logits(tmp_path, bar_path, ids, "--all", "--mode", "decode")
+    own = rel_l2_rows(cpu16, bar_exact[: len(ids)]).max()
+    assert own > 1e-6, f"the CPU's decode of {bar_path.name} is exact ({own:.3g}): no int16-x bar"
     mine = rel_l2_rows(gpu16, cpu[: len(ids)]).max()
     record(f"{model} {fmt} decode: gpu int16 x {mine:.3g} vs cpu int16 x {own:.3g} from exact", [mine])
     assert mine <= 3 * own + 1e-5, f"{fmt}: GPU int16-x decode {mine:.3g} from exact, the CPU's {own:.3g}"
@@ -357,9 +346,12 @@ def test_quantized_fgemv_matches_cpu(models, model, fmt, tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_CUDA_FAST", "0")  # the generic kernels read the same device layout
     check(f"{model} {fmt} decode (generic GEMV)",
           logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu"), cpu[: len(ids)])
+    monkeypatch.setenv("SPARK_CUDA_QGEMV", "groups")  # dq32: a 32-value group a lane
+    check(f"{model} {fmt} decode (groups GEMV)",
+          logits(tmp_path, path, ids, "--all", "--mode", "decode", "--gpu"), cpu[: len(ids)])
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "q6_k", "q4_0"])
 def test_quantized_fgemv_int16_x_against_numpy(gpu, fmt, tmp_path, monkeypatch):
     """One fgemv alone against NumPy (sparktest.head_only_case: decode logits
     are the head's product of rmsnorm(row)). With x in int16 (the default)
@@ -378,8 +370,8 @@ def test_quantized_fgemv_int16_x_against_numpy(gpu, fmt, tmp_path, monkeypatch):
     record(f"fgemv {fmt} float x vs numpy", [e32])
     assert e16 <= 0.1 * gap, f"{fmt} int16 x: {e16:.3g} from NumPy's int16-x product (gap to exact x {gap:.3g})"
     # the float-x Q4_K kernel reads nibbles as 0.5 + n / 256 (nib_f), which
-    # costs ~4 bits of the fp32 sum: measured 0.36 of the gap (run 10); Q8_0
-    # and Q6_K values are exact floats (byte_f)
+    # costs ~4 bits of the fp32 sum: measured 0.36 of the gap (run 10); Q8_0,
+    # Q6_K and Q4_0 values are exact floats (byte_f)
     assert e32 <= (0.6 if fmt == "q4_k" else 0.1) * gap, f"{fmt} float x: {e32:.3g} from the exact product (gap {gap:.3g})"
 
 

@@ -1,6 +1,6 @@
 /*
  * cuda_fgemv.cu — the single-token GEMV of the fast decode path (fgemv) for
- * bf16, Q8_0, Q4_K and Q6_K rows, and the choice of its launch shape.
+ * bf16, Q8_0, Q4_K, Q6_K and Q4_0 rows, and the choice of its launch shape.
  *
  * Decode at batch 1 is a stream over the weights: every row is read as
  * 16-byte units, each lane of a warp keeping all of its units' loads in
@@ -14,7 +14,8 @@
  *   Q4_K   a sub-block's 32 4-bit values and its superblock's 16-byte
  *          header (d, dmin, the 6-bit scales / mins);
  *   Q6_K   32 values' low 4 bits, beside an 8-byte load of their top 2
- *          bits and a 4-byte one of their two scales and d.
+ *          bits and a 4-byte one of their two scales and d;
+ *   Q4_0   a block's 32 4-bit values and its f16 d.
  *
  * The quantized rows are in the GPU layout cu_repack_rows makes at upload
  * (each row's quants first, then its scales), so a unit is one aligned
@@ -159,6 +160,42 @@ struct fmt_q4_k {
     }
 };
 
+/* GPU row: cols / 2 bytes of quants, 16 per 32-value block (byte t: value t
+ * in the low nibble, 16 + t in the high one, as in the file), then the
+ * blocks' f16 d. y = d * (n - 8); byte_f<8> gives n - 8 exactly. */
+struct fmt_q4_0 {
+    static constexpr int DTYPE = CU_Q4_0, VALS = 32, RW_SINGLE = 2, X16 = 0, MINB = 0;
+    static constexpr double BYTES = 18.0;
+    struct unit {
+        uint4 q;
+        uint32_t d;
+    };
+    __device__ static unit load(const uint8_t *row, int i, int cols)
+    {
+        return {__ldcs((const uint4 *)row + i), (uint32_t)__ldcs((const unsigned short *)(row + cols / 2) + i)};
+    }
+    __device__ static unit none() { return {make_uint4(0, 0, 0, 0), 0}; }
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
+    {
+        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
+        float s0 = 0.0f, s1 = 0.0f; /* two chains: low and high nibbles */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t lo = w[k] & 0x0f0f0f0fu, hi = (w[k] >> 4) & 0x0f0f0f0fu;
+            const float4 xl = xs4[k * nvec + i], xh = xs4[(4 + k) * nvec + i];
+            s0 = fmaf(byte_f<8>(lo, 0), xl.x, s0);
+            s1 = fmaf(byte_f<8>(hi, 0), xh.x, s1);
+            s0 = fmaf(byte_f<8>(lo, 1), xl.y, s0);
+            s1 = fmaf(byte_f<8>(hi, 1), xh.y, s1);
+            s0 = fmaf(byte_f<8>(lo, 2), xl.z, s0);
+            s1 = fmaf(byte_f<8>(hi, 2), xh.z, s1);
+            s0 = fmaf(byte_f<8>(lo, 3), xl.w, s0);
+            s1 = fmaf(byte_f<8>(hi, 3), xh.w, s1);
+        }
+        return fmaf(h2f((uint16_t)u.d), s0 + s1, acc);
+    }
+};
+
 /* GPU row: cols / 2 bytes of low 4 bits (16 per 32-value unit, byte t =
  * values t and 16 + t), cols / 4 of top 2 bits (8 per unit), then a word per
  * unit (its two 16-value halves' int8 scales, the superblock's f16 d): see
@@ -273,6 +310,26 @@ struct fmt_q4_k_x16 : fmt_q4_k {
         }
         acc = fmaf(a * aux[i], (float)(sl + sh), acc); /* one 32-value group a unit: nvec groups */
         return fmaf(-m, aux[nvec + i], acc); /* - dmin * mn * (d * sum q) */
+    }
+};
+
+/* Q4_0 against int16 x: the nibbles (0..15) in dp2a as Q4_K's, the -8
+ * through the group's sum of x (aux[nvec + i] = d_x * its sum of int16
+ * values): y . x = d (d_x S - 8 X). */
+struct fmt_q4_0_x16 : fmt_q4_0 {
+    static constexpr int X16 = 1;
+    __device__ static float dot(const unit &u, const float4 *xs4, const float *aux, int i, int nvec, float acc)
+    {
+        const uint4 *xq = (const uint4 *)xs4;
+        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
+        int sl = 0, sh = 0; /* values 0..15 and 16..31: |sum| <= 16 * 15 * 32767 each */
+#pragma unroll
+        for (int k = 0; k < 4; k += 2) {
+            const uint4 xl = xq[(k / 2) * nvec + i], xh = xq[(2 + k / 2) * nvec + i];
+            sl = dot8_x16(xl, w[k] & 0x0f0f0f0fu, w[k + 1] & 0x0f0f0f0fu, sl);
+            sh = dot8_x16(xh, (w[k] >> 4) & 0x0f0f0f0fu, (w[k + 1] >> 4) & 0x0f0f0f0fu, sh);
+        }
+        return fmaf(h2f((uint16_t)u.d), fmaf(aux[i], (float)(sl + sh), -8.0f * aux[nvec + i]), acc);
     }
 };
 
@@ -651,7 +708,7 @@ __device__ void repack_q6_k(uint8_t *d, const uint8_t *blk, int64_t b, int64_t c
 __global__ void repack_rows_kernel(uint8_t *dst, const uint8_t *src, int dtype, int64_t rows, int64_t cols,
                                    int64_t src_row_bytes, int64_t dst_row_bytes)
 {
-    const int64_t per_row = dtype == CU_Q8_0 ? cols / 32 : cols / 256;
+    const int64_t per_row = dtype == CU_Q8_0 || dtype == CU_Q4_0 ? cols / 32 : cols / 256;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < rows * per_row;
          t += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = t / per_row, b = t % per_row;
@@ -659,6 +716,11 @@ __global__ void repack_rows_kernel(uint8_t *dst, const uint8_t *src, int dtype, 
         uint8_t *d = dst + r * dst_row_bytes;
         if (dtype == CU_Q6_K) {
             repack_q6_k(d, s + b * 210, b, cols);
+        } else if (dtype == CU_Q4_0) { /* the block's d to the row's end, its 16 bytes of quants as they are */
+            const uint8_t *blk = s + b * 18;
+            d[cols / 2 + 2 * b] = blk[0];
+            d[cols / 2 + 2 * b + 1] = blk[1];
+            for (int k = 0; k < 16; k++) d[16 * b + k] = blk[2 + k];
         } else if (dtype == CU_Q8_0) {
             const uint8_t *blk = s + b * 34;
             d[cols + 2 * b] = blk[0];
@@ -747,6 +809,9 @@ fgemv_fn fg_pick(int dtype, int ksi, int nvi, bool pair, bool db, bool x16)
     case CU_Q4_K:
         if (db && x16) return fg_pick_f<fmt_q4_k_x16, true>(ksi, nvi, pair);
         return db ? fg_pick_f<fmt_q4_k, true>(ksi, nvi, pair) : fg_pick_f<fmt_q4_k, false>(ksi, nvi, pair);
+    case CU_Q4_0:
+        if (db && x16) return fg_pick_f<fmt_q4_0_x16, true>(ksi, nvi, pair);
+        return db ? fg_pick_f<fmt_q4_0, true>(ksi, nvi, pair) : fg_pick_f<fmt_q4_0, false>(ksi, nvi, pair);
     case CU_Q6_K:
         if (db && x16) return fg_pick_f<fmt_q6_k_x16, true>(ksi, nvi, pair);
         return db ? fg_pick_f<fmt_q6_k, true>(ksi, nvi, pair) : fg_pick_f<fmt_q6_k, false>(ksi, nvi, pair);
@@ -778,7 +843,7 @@ bool fg_x16(int dtype)
         const char *e = getenv("SPARK_CUDA_QX16");
         mode = e && *e ? atoi(e) != 0 : 1;
     }
-    return mode != 0 && fg_db() && (dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K);
+    return mode != 0 && fg_db() && (dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K || dtype == CU_Q4_0);
 }
 
 /* values per unit, bytes read per unit, NV choices, rows a warp of a single matrix */
@@ -788,6 +853,7 @@ void fg_format(int dtype, int *vals, double *bytes, int *nnv, int *rw)
     case CU_BF16: *rw = fmt_bf16::RW_SINGLE, *vals = fmt_bf16::VALS, *bytes = fmt_bf16::BYTES; break;
     case CU_Q8_0: *rw = fmt_q8_0::RW_SINGLE, *vals = fmt_q8_0::VALS, *bytes = fmt_q8_0::BYTES; break;
     case CU_Q4_K: *rw = fmt_q4_k::RW_SINGLE, *vals = fmt_q4_k::VALS, *bytes = fmt_q4_k::BYTES; break;
+    case CU_Q4_0: *rw = fmt_q4_0::RW_SINGLE, *vals = fmt_q4_0::VALS, *bytes = fmt_q4_0::BYTES; break;
     default: *rw = fmt_q6_k::RW_SINGLE, *vals = fmt_q6_k::VALS, *bytes = fmt_q6_k::BYTES; break;
     }
     *nnv = dtype == CU_BF16 ? FG_NNV_BF16 : FG_NNV_Q;
@@ -834,13 +900,14 @@ int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64
      * largest instantiated NV at KS = 8 */
     int vals, nnv, rw;
     double bytes;
-    if (dtype != CU_BF16 && dtype != CU_Q8_0 && dtype != CU_Q4_K && dtype != CU_Q6_K) return 0;
+    if (dtype != CU_BF16 && dtype != CU_Q8_0 && dtype != CU_Q4_K && dtype != CU_Q6_K && dtype != CU_Q4_0) return 0;
     fg_format(dtype, &vals, &bytes, &nnv, &rw);
     const int64_t want_rb = dtype == CU_BF16   ? cols * 2
                             : dtype == CU_Q8_0 ? cols / 32 * 34
                             : dtype == CU_Q4_K ? cols / 256 * 144
+                            : dtype == CU_Q4_0 ? cols / 32 * 18
                                                : cols / 256 * 224; /* Q6_K: the device row (cu_dev_row_bytes) */
-    const int64_t unit = dtype == CU_BF16 ? 8 : 256; /* Q8_0: 8 blocks keep rows aligned */
+    const int64_t unit = dtype == CU_BF16 ? 8 : 256; /* Q8_0 / Q4_0: 8 blocks keep rows aligned */
     return cols > 0 && cols % unit == 0 && row_bytes == want_rb && row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 &&
            fg_smem(dtype, cols) <= 46 * 1024 && cols / vals <= 8 * WARP * fg_nv(dtype, nnv - 1) && rows > 0 &&
            rows < ((int64_t)1 << 31);
@@ -937,7 +1004,7 @@ cudaError_t cu_fgemv(cudaStream_t st, const cu_fgemv_args *a, int sms, int pdl)
 
 void cu_fgemv_prepare(int64_t cols)
 {
-    const int dtypes[] = {CU_BF16, CU_Q8_0, CU_Q4_K, CU_Q6_K};
+    const int dtypes[] = {CU_BF16, CU_Q8_0, CU_Q4_K, CU_Q6_K, CU_Q4_0};
     for (int dtype : dtypes) {
         int vals, nnv, rw;
         double bytes;
@@ -950,7 +1017,7 @@ void cu_fgemv_prepare(int64_t cols)
     }
 }
 
-int cu_repack_kind(int dtype) { return dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K; }
+int cu_repack_kind(int dtype) { return dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K || dtype == CU_Q4_0; }
 
 int64_t cu_dev_row_bytes(int dtype, int64_t cols, int64_t file_row_bytes)
 {
@@ -960,8 +1027,9 @@ int64_t cu_dev_row_bytes(int dtype, int64_t cols, int64_t file_row_bytes)
 cudaError_t cu_repack_rows(cudaStream_t st, void *dst, const void *src, int dtype, int64_t rows, int64_t cols,
                            int64_t file_row_bytes)
 {
-    if (!cu_repack_kind(dtype) || cols % (dtype == CU_Q8_0 ? 32 : 256) != 0) return cudaErrorInvalidValue;
-    const int64_t work = rows * (dtype == CU_Q8_0 ? cols / 32 : cols / 256);
+    const int64_t block = dtype == CU_Q8_0 || dtype == CU_Q4_0 ? 32 : 256;
+    if (!cu_repack_kind(dtype) || cols % block != 0) return cudaErrorInvalidValue;
+    const int64_t work = rows * (cols / block);
     int64_t blocks = (work + 255) / 256;
     if (blocks > 65535LL * 16) blocks = 65535LL * 16;
     repack_rows_kernel<<<(unsigned)(blocks > 0 ? blocks : 1), 256, 0, st>>>(

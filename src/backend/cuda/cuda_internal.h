@@ -26,12 +26,13 @@ enum {
  * needs no C include. */
 enum { CU_F32 = 0, CU_F16, CU_BF16, CU_Q8_0, CU_Q4_0, CU_Q4_K, CU_Q6_K };
 
-/* Q8_0, Q4_K and Q6_K matrices live on the device in a layout of their
- * own, made at upload by cu_repack_rows (cuda_fgemv.cu): each row's quants
- * first, then its scales (Q8_0: the f16 d of every block; Q4_K: every
- * superblock's 16-byte header, its 6-bit scales and mins reordered as
- * q4k_dev_scale_min reads them; Q4_K quants 16 bytes per sub-block, byte t
- * = values t and 16 + t). Q8_0 and Q4_K keep the file's bits and row size.
+/* The block formats (Q8_0, Q4_0, Q4_K, Q6_K) live on the device in a
+ * layout of their own, made at upload by cu_repack_rows (cuda_fgemv.cu):
+ * each row's quants first, then its scales (Q8_0, Q4_0: the f16 d of every
+ * block; Q4_K: every superblock's 16-byte header, its 6-bit scales and mins
+ * reordered as q4k_dev_scale_min reads them; Q4_0 and Q4_K quants 16 bytes
+ * per 32 values, byte t = values t and 16 + t). Q8_0, Q4_0 and Q4_K keep
+ * the file's bits and row size.
  * Q6_K (q6k_dev_unit) is regrouped into 32-value units of 16 + 8 + 4 bytes,
  * 224 bytes a superblock where the file has 210: its rows are then whole
  * 16-byte units (the file's are 2-byte aligned), so cu_dev_row_bytes, not
@@ -48,8 +49,8 @@ cudaError_t cu_repack_rows(cudaStream_t st, void *dst, const void *src, int dtyp
  * W: rows x cols in `dtype`, row_bytes apart. */
 cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, int dtype, int64_t rows,
                     int64_t cols, int64_t row_bytes, int n);
-/* Whether cu_gemv reads Q8_0 / Q4_K rows in 16-byte units (1, the default)
- * or a 32-value group a lane, as the other block formats (0). */
+/* Whether cu_gemv reads block-format rows in 16-byte units (1, the
+ * default) or a 32-value group a lane (0, SPARK_CUDA_QGEMV=groups). */
 void cu_gemv_units(int on);
 
 /* panel[r, c] = W[r0 + r, c] as float32, for r < prow. */
@@ -165,8 +166,8 @@ cudaError_t cu_flash_attention(cudaStream_t st, const cu_attn_args *a);
 
 /* ---- the fast decode path (SPARK_CUDA_FAST, single token) ----
  *
- * fgemv (cuda_fgemv.cu): out = W . x for one token, W bf16, Q8_0, Q4_K or
- * Q6_K (dtype; quantized rows in cu_repack_rows' layout) in one or two row segments
+ * fgemv (cuda_fgemv.cu): out = W . x for one token, W bf16, Q8_0, Q4_K,
+ * Q6_K or Q4_0 (dtype; quantized rows in cu_repack_rows' layout) in one or two row segments
  * (rows0 rows of w0, then rows1 of w1, into out0 / out1), every row split
  * over KS warps and every warp keeping its whole segment's 16-byte loads in
  * flight; the grid is sized to the multiprocessors (cu_fgemv picks the split
@@ -179,7 +180,7 @@ cudaError_t cu_flash_attention(cudaStream_t st, const cu_attn_args *a);
  * Weights are read before the dependency wait (they never change), so under
  * programmatic dependent launch (pdl) the loads overlap the previous kernel. */
 typedef struct cu_fgemv_args {
-    int dtype;        /* CU_BF16, CU_Q8_0, CU_Q4_K or CU_Q6_K (quantized rows in cu_repack_rows' layout) */
+    int dtype;        /* CU_BF16 or a block format (its rows in cu_repack_rows' layout) */
     const void *w0, *w1;
     float *out0, *out1, *resid, *xn;
     const float *x, *nw;

@@ -32,7 +32,7 @@ __device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return *(const uint
 
 /* y[0..31] = values [32g, 32g + 32) of a row (zeros past `cols` for the plain
  * formats; block formats always hold whole groups). Layouts: model/quant.c,
- * except Q8_0, Q4_K and Q6_K, which are in the device layout of
+ * except the block formats, which are in the device layout of
  * cu_repack_rows (quants first, then the row's scales / superblock
  * headers). */
 __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, float *y)
@@ -60,11 +60,11 @@ __device__ void dq32(int dtype, const uint8_t *row, int64_t g, int64_t cols, flo
         return;
     }
     case CU_Q4_0: {
-        const uint8_t *b = row + g * 18;
-        float d = h2f(ld16(b));
+        const uint8_t *q = row + 16 * g; /* byte t holds values t (low nibble) and 16 + t */
+        float d = h2f(ld16(row + cols / 2 + 2 * g));
         for (int i = 0; i < 16; i++) {
-            y[i] = d * (float)((b[2 + i] & 0x0F) - 8);
-            y[i + 16] = d * (float)((b[2 + i] >> 4) - 8);
+            y[i] = d * (float)((q[i] & 0x0F) - 8);
+            y[i + 16] = d * (float)((q[i] >> 4) - 8);
         }
         return;
     }
@@ -128,7 +128,7 @@ __device__ __forceinline__ void sweep_row(float *__restrict__ out, const uint4 *
 }
 
 /* Warps a block of the few-token GEMVs below (a warp a row): their launch
- * bounds, gemv_file_kernel's staging and the launches share it. */
+ * bounds and the launches share it. */
 constexpr int ROW_WARPS = 8;
 
 /* Plain formats, 16-byte weight loads, a warp a row (so each row is one
@@ -179,12 +179,13 @@ gemv_vec_kernel(float *__restrict__ out, const float *__restrict__ x, const uint
     sweep_row<NT, U>(out, (const uint4 *)(w + row * row_bytes), cols / PER, row, rows, fold);
 }
 
-/* Q8_0, Q4_K and Q6_K in the device layout (cu_repack_rows), a few tokens:
- * a warp a row, as gemv_vec_kernel. A Q8_0 unit is 16 values of one block
- * (its f16 scale follows the row's quants); a Q4_K unit is one 32-value
- * sub-block, byte t holding values t and 16 + t, and a Q6_K unit the low 4
- * bits of 32 values so (its top bits and scales read beside), so all decode
- * in column order against contiguous x. Each unit's products are summed
+/* Q8_0, Q4_K, Q6_K and Q4_0 in the device layout (cu_repack_rows), a few
+ * tokens: a warp a row, as gemv_vec_kernel. A Q8_0 unit is 16 values of one
+ * block (its f16 scale follows the row's quants); a Q4_K unit is one
+ * 32-value sub-block, byte t holding values t and 16 + t, a Q4_0 unit a
+ * block so, and a Q6_K unit the low 4 bits of 32 values so (its top bits
+ * and scales read beside), so all decode in column order against
+ * contiguous x. Each unit's products are summed
  * before its scale (and Q4_K's min) is applied. */
 template <int FMT, int NT, int U>
 __global__ void __launch_bounds__(ROW_WARPS * WARP)
@@ -200,6 +201,8 @@ gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x, const ui
         float scale, shift = 0.0f, scale1 = 0.0f;
         if constexpr (FMT == CU_Q8_0) {
             scale = h2f(__ldg((const unsigned short *)(wr + cols) + i / 2));
+        } else if constexpr (FMT == CU_Q4_0) {
+            scale = h2f(__ldg((const unsigned short *)(wr + cols / 2) + i));
         } else if constexpr (FMT == CU_Q4_K) {
             q4k_dev_sub_scale(*((const uint4 *)(wr + cols / 2) + i / 8), (int)(i % 8), &scale, &shift);
         } else {
@@ -221,6 +224,8 @@ gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x, const ui
                         q[e] = (float)(int8_t)(p[c / 4] >> (8 * (c % 4)));
                     else if constexpr (FMT == CU_Q4_K)
                         q[e] = (float)((p[(c % 16) / 4] >> (8 * (c % 4) + (c < 16 ? 0 : 4))) & 0x0F);
+                    else if constexpr (FMT == CU_Q4_0)
+                        q[e] = (float)((int)((p[(c % 16) / 4] >> (8 * (c % 4) + (c < 16 ? 0 : 4))) & 0x0F) - 8);
                     else
                         q[e] = (float)((int)(((c < 16 ? p : p6)[(c % 16) / 4] >> (8 * (c % 4))) & 0xFF) - 32);
                 }
@@ -236,119 +241,6 @@ gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x, const ui
         }
     };
     sweep_row<NT, U>(out, (const uint4 *)wr, cols / VALS, row, rows, fold);
-}
-
-/* Q4_0 rows as the file stores them (18-byte blocks of 32 values: f16 d,
- * then byte i holding value i (low nibble) and 16 + i (high), minus 8,
- * times d), a warp a row. A block is not 4-byte aligned in the row, so the
- * warp copies a chunk of whole blocks (CHUNK of them: 1152 bytes) into its
- * shared memory with coalesced 4-byte loads, the next chunk's loads in
- * flight while it decodes the current one from there; a lane then takes
- * byte l % 16 of every other block, so its x reads are neighbours too.
- * (gemv_groups_kernel, a lane a whole group read byte by byte, took ~18-20
- * ms a token for the 4B: bench/cuda_runs.md run 31; byte loads straight
- * from global memory were sunk by ptxas to their products.) Needs rows
- * 4-byte aligned. (Q6_K, which this kernel also read until its device
- * layout, now decodes through gemv_quant_kernel and fgemv.) */
-template <int FMT>
-struct file_fmt {
-    static_assert(FMT == CU_Q4_0, "file-layout GEMV: Q4_0 only");
-    static constexpr int BLK = 18; /* bytes a block */
-    static constexpr int VALS = 32;
-    static constexpr int CHUNK = 64; /* blocks a chunk */
-    static constexpr int WORDS = CHUNK * BLK / 4, PER_LANE = (WORDS + WARP - 1) / WARP;
-};
-
-/* The words of the chunk of n blocks from block b0 into v: lane l holds words l, l + 32, ... */
-template <int FMT>
-__device__ __forceinline__ void file_chunk_load(const uint8_t *wr, int64_t b0, int n, int lane,
-                                                uint32_t (&v)[file_fmt<FMT>::PER_LANE])
-{
-    using F = file_fmt<FMT>;
-    const uint32_t *src = (const uint32_t *)(wr + b0 * F::BLK);
-    const int words = n * F::BLK / 4; /* an odd count leaves 2 bytes: file_chunk_store */
-#pragma unroll
-    for (int k = 0; k < F::PER_LANE; k++) {
-        const int i = lane + WARP * k;
-        if (i < words) v[k] = __ldcs(src + i);
-    }
-}
-
-template <int FMT>
-__device__ __forceinline__ void file_chunk_store(uint32_t *buf, const uint8_t *wr, int64_t b0, int n, int lane,
-                                                 const uint32_t (&v)[file_fmt<FMT>::PER_LANE])
-{
-    using F = file_fmt<FMT>;
-    const int bytes = n * F::BLK, words = bytes / 4;
-#pragma unroll
-    for (int k = 0; k < F::PER_LANE; k++) {
-        const int i = lane + WARP * k;
-        if (i < words) buf[i] = v[k];
-    }
-    if ((bytes & 3) && lane == 0) /* the last half word, not read past the row */
-        ((unsigned short *)buf)[bytes / 2 - 1] = __ldcs((const unsigned short *)(wr + b0 * F::BLK + bytes - 2));
-}
-
-/* n blocks of a chunk in shared memory (buf) against x from column c0 */
-template <int FMT, int NT>
-__device__ __forceinline__ void file_chunk_dot(const uint8_t *buf, int n, const float *x, int64_t cols, int64_t c0,
-                                               int lane, float (&acc)[NT])
-{
-    using F = file_fmt<FMT>;
-    const int i = lane % 16;
-#pragma unroll 8
-    for (int s = 0; s < F::CHUNK / 2; s++) {
-        const int j = 2 * s + lane / 16; /* this half-warp's block */
-        if (2 * s >= n) break;
-        if (j < n) {
-            const uint8_t *b = buf + j * F::BLK;
-            const float d = h2f(*(const unsigned short *)b);
-            const uint32_t q = b[2 + i];
-            const float lo = d * (float)((int)(q & 0x0Fu) - 8), hi = d * (float)((int)(q >> 4) - 8);
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float *xb = x + t * cols + c0 + j * 32 + i;
-                acc[t] = fmaf(lo, __ldg(xb), fmaf(hi, __ldg(xb + 16), acc[t]));
-            }
-        }
-    }
-}
-
-template <int FMT, int NT>
-__global__ void __launch_bounds__(ROW_WARPS * WARP)
-gemv_file_kernel(float *__restrict__ out, const float *__restrict__ x, const uint8_t *__restrict__ w, int64_t rows,
-                 int64_t cols, int64_t row_bytes)
-{
-    using F = file_fmt<FMT>;
-    __shared__ uint32_t stage[ROW_WARPS][F::WORDS];
-    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    if (row >= rows) return;
-    const int lane = threadIdx.x % WARP;
-    uint32_t *buf = stage[threadIdx.x / WARP];
-    const uint8_t *wr = w + row * row_bytes;
-    const int64_t nb = cols / F::VALS;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    uint32_t v[F::PER_LANE];
-    int n = (int)(nb < F::CHUNK ? nb : F::CHUNK);
-    file_chunk_load<FMT>(wr, 0, n, lane, v);
-    for (int64_t b0 = 0; b0 < nb;) {
-        file_chunk_store<FMT>(buf, wr, b0, n, lane, v);
-        __syncwarp();
-        const int64_t b1 = b0 + n;
-        const int n1 = (int)(nb - b1 < F::CHUNK ? nb - b1 : F::CHUNK);
-        if (n1 > 0) file_chunk_load<FMT>(wr, b1, n1, lane, v); /* in flight during this chunk's products */
-        file_chunk_dot<FMT, NT>((const uint8_t *)buf, n, x, cols, b0 * F::VALS, lane, acc);
-        __syncwarp(); /* every lane done with buf before the next store */
-        b0 = b1;
-        n = n1;
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float sum = warp_sum(acc[t]);
-        if (lane == 0) out[t * rows + row] = sum;
-    }
 }
 
 /* Block formats (and odd-sized plain rows): one warp per row, each lane
@@ -828,14 +720,6 @@ struct quant_of {
     };
 };
 
-template <int FMT>
-struct file_of {
-    template <int NT>
-    struct at {
-        static constexpr rows_kernel k = gemv_file_kernel<FMT, NT>;
-    };
-};
-
 void launch_rows(cudaStream_t st, rows_kernel k, float *out, const float *x, const uint8_t *w, int64_t rows,
                  int64_t cols, int64_t row_bytes)
 {
@@ -892,21 +776,16 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
     }
     unsigned blocks = (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS);
     /* the unit kernel needs every row's quants in whole 16-byte units, aligned */
-    const int units_ok = gemv_quant_units && (dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K) &&
+    const int units_ok = gemv_quant_units &&
+                         (dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K || dtype == CU_Q4_0) &&
                          row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 && ((uintptr_t)x % 16) == 0 &&
-                         cols % (dtype == CU_Q8_0 ? 32 : 256) == 0;
+                         cols % (dtype == CU_Q8_0 || dtype == CU_Q4_0 ? 32 : 256) == 0;
     if (units_ok) {
         rows_kernel k = dtype == CU_Q8_0   ? for_tokens<quant_of<CU_Q8_0>::at>(n)
                         : dtype == CU_Q4_K ? for_tokens<quant_of<CU_Q4_K>::at>(n)
+                        : dtype == CU_Q4_0 ? for_tokens<quant_of<CU_Q4_0>::at>(n)
                                            : for_tokens<quant_of<CU_Q6_K>::at>(n);
         launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
-        return cudaGetLastError();
-    }
-    /* Q4_0 in the file's layout, a warp a row (rows 4-byte aligned) */
-    const int file_ok = gemv_quant_units && ((uintptr_t)w % 4) == 0 && row_bytes % 4 == 0 && dtype == CU_Q4_0 &&
-                        cols % 32 == 0;
-    if (file_ok) {
-        launch_rows(st, for_tokens<file_of<CU_Q4_0>::at>(n), out, x, wb, rows, cols, row_bytes);
         return cudaGetLastError();
     }
     switch (n) {
