@@ -160,6 +160,30 @@ struct fmt_q4_k {
     }
 };
 
+/* A 32-value unit held a value a byte (lo[k]: values 4k..4k+3, hi[k]:
+ * 16 + 4k..), each byte minus BIAS, against float x: *s0 over values
+ * 0..15, *s1 over 16..31 (two chains). */
+template <int BIAS>
+__device__ __forceinline__ void bytes_dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const float4 *xs4, int i,
+                                          int nvec, float *s0, float *s1)
+{
+    float a = 0.0f, b = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float4 xl = xs4[k * nvec + i], xh = xs4[(4 + k) * nvec + i];
+        a = fmaf(byte_f<BIAS>(lo[k], 0), xl.x, a);
+        b = fmaf(byte_f<BIAS>(hi[k], 0), xh.x, b);
+        a = fmaf(byte_f<BIAS>(lo[k], 1), xl.y, a);
+        b = fmaf(byte_f<BIAS>(hi[k], 1), xh.y, b);
+        a = fmaf(byte_f<BIAS>(lo[k], 2), xl.z, a);
+        b = fmaf(byte_f<BIAS>(hi[k], 2), xh.z, b);
+        a = fmaf(byte_f<BIAS>(lo[k], 3), xl.w, a);
+        b = fmaf(byte_f<BIAS>(hi[k], 3), xh.w, b);
+    }
+    *s0 = a;
+    *s1 = b;
+}
+
 /* GPU row: cols / 2 bytes of quants, 16 per 32-value block (byte t: value t
  * in the low nibble, 16 + t in the high one, as in the file), then the
  * blocks' f16 d. y = d * (n - 8); byte_f<8> gives n - 8 exactly. */
@@ -178,20 +202,14 @@ struct fmt_q4_0 {
     __device__ static float dot(const unit &u, const float4 *xs4, const float *, int i, int nvec, float acc)
     {
         const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
-        float s0 = 0.0f, s1 = 0.0f; /* two chains: low and high nibbles */
+        uint32_t lo[4], hi[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const uint32_t lo = w[k] & 0x0f0f0f0fu, hi = (w[k] >> 4) & 0x0f0f0f0fu;
-            const float4 xl = xs4[k * nvec + i], xh = xs4[(4 + k) * nvec + i];
-            s0 = fmaf(byte_f<8>(lo, 0), xl.x, s0);
-            s1 = fmaf(byte_f<8>(hi, 0), xh.x, s1);
-            s0 = fmaf(byte_f<8>(lo, 1), xl.y, s0);
-            s1 = fmaf(byte_f<8>(hi, 1), xh.y, s1);
-            s0 = fmaf(byte_f<8>(lo, 2), xl.z, s0);
-            s1 = fmaf(byte_f<8>(hi, 2), xh.z, s1);
-            s0 = fmaf(byte_f<8>(lo, 3), xl.w, s0);
-            s1 = fmaf(byte_f<8>(hi, 3), xh.w, s1);
+            lo[k] = w[k] & 0x0f0f0f0fu;
+            hi[k] = (w[k] >> 4) & 0x0f0f0f0fu;
         }
+        float s0, s1;
+        bytes_dot<8>(lo, hi, xs4, i, nvec, &s0, &s1);
         return fmaf(h2f((uint16_t)u.d), s0 + s1, acc);
     }
 };
@@ -220,21 +238,9 @@ struct fmt_q6_k {
     {
         uint32_t lo[4], hi[4];
         q6k_dev_unit(u.q, u.h, lo, hi);
-        float a0, a1;
+        float a0, a1, s0, s1; /* values 0..15 and 16..31: their own scales */
         q6k_dev_scales(u.s, &a0, &a1);
-        float s0 = 0.0f, s1 = 0.0f; /* values 0..15 and 16..31: their own scales */
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float4 xl = xs4[k * nvec + i], xh = xs4[(4 + k) * nvec + i];
-            s0 = fmaf(byte_f<32>(lo[k], 0), xl.x, s0);
-            s1 = fmaf(byte_f<32>(hi[k], 0), xh.x, s1);
-            s0 = fmaf(byte_f<32>(lo[k], 1), xl.y, s0);
-            s1 = fmaf(byte_f<32>(hi[k], 1), xh.y, s1);
-            s0 = fmaf(byte_f<32>(lo[k], 2), xl.z, s0);
-            s1 = fmaf(byte_f<32>(hi[k], 2), xh.z, s1);
-            s0 = fmaf(byte_f<32>(lo[k], 3), xl.w, s0);
-            s1 = fmaf(byte_f<32>(hi[k], 3), xh.w, s1);
-        }
+        bytes_dot<32>(lo, hi, xs4, i, nvec, &s0, &s1);
         return fmaf(a1, s1, fmaf(a0, s0, acc));
     }
 };
@@ -291,24 +297,31 @@ struct fmt_q8_0_x16 : fmt_q8_0 {
     }
 };
 
-/* A Q4_K unit's 32 nibbles: byte t holds value t (low) and 16 + t (high);
- * masked to bytes 0..15 they are the int8 dp2a operand (no sign to fix) */
+/* The sum of a unit's 32 nibbles (byte t: value t low, 16 + t high) times
+ * its int16 x: masked to bytes 0..15 they are the int8 dp2a operand (no
+ * sign to fix). |sum| <= 32 * 15 * 32767. */
+__device__ __forceinline__ int nibbles_x16(const uint4 &q, const uint4 *xq, int i, int nvec)
+{
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    int sl = 0, sh = 0; /* values 0..15 and 16..31 */
+#pragma unroll
+    for (int k = 0; k < 4; k += 2) {
+        const uint4 xl = xq[(k / 2) * nvec + i], xh = xq[(2 + k / 2) * nvec + i];
+        sl = dot8_x16(xl, w[k] & 0x0f0f0f0fu, w[k + 1] & 0x0f0f0f0fu, sl);
+        sh = dot8_x16(xh, (w[k] >> 4) & 0x0f0f0f0fu, (w[k + 1] >> 4) & 0x0f0f0f0fu, sh);
+    }
+    return sl + sh;
+}
+
+/* A Q4_K unit against int16 x: a (d_x S) - m X per sub-block */
 struct fmt_q4_k_x16 : fmt_q4_k {
     static constexpr int X16 = 1; /* (MINB 0: capped at 128 registers its NV 4-5 kernels spill) */
     __device__ static float dot(const unit &u, const float4 *xs4, const float *aux, int i, int nvec, float acc)
     {
-        const uint4 *xq = (const uint4 *)xs4;
         float a, m;
         scale_min(u, i, &a, &m);
-        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
-        int sl = 0, sh = 0; /* values 0..15 and 16..31: |sum| <= 16 * 15 * 32767 each */
-#pragma unroll
-        for (int k = 0; k < 4; k += 2) {
-            const uint4 xl = xq[(k / 2) * nvec + i], xh = xq[(2 + k / 2) * nvec + i];
-            sl = dot8_x16(xl, w[k] & 0x0f0f0f0fu, w[k + 1] & 0x0f0f0f0fu, sl);
-            sh = dot8_x16(xh, (w[k] >> 4) & 0x0f0f0f0fu, (w[k + 1] >> 4) & 0x0f0f0f0fu, sh);
-        }
-        acc = fmaf(a * aux[i], (float)(sl + sh), acc); /* one 32-value group a unit: nvec groups */
+        const int S = nibbles_x16(u.q, (const uint4 *)xs4, i, nvec);
+        acc = fmaf(a * aux[i], (float)S, acc); /* one 32-value group a unit: nvec groups */
         return fmaf(-m, aux[nvec + i], acc); /* - dmin * mn * (d * sum q) */
     }
 };
@@ -320,16 +333,8 @@ struct fmt_q4_0_x16 : fmt_q4_0 {
     static constexpr int X16 = 1;
     __device__ static float dot(const unit &u, const float4 *xs4, const float *aux, int i, int nvec, float acc)
     {
-        const uint4 *xq = (const uint4 *)xs4;
-        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
-        int sl = 0, sh = 0; /* values 0..15 and 16..31: |sum| <= 16 * 15 * 32767 each */
-#pragma unroll
-        for (int k = 0; k < 4; k += 2) {
-            const uint4 xl = xq[(k / 2) * nvec + i], xh = xq[(2 + k / 2) * nvec + i];
-            sl = dot8_x16(xl, w[k] & 0x0f0f0f0fu, w[k + 1] & 0x0f0f0f0fu, sl);
-            sh = dot8_x16(xh, (w[k] >> 4) & 0x0f0f0f0fu, (w[k + 1] >> 4) & 0x0f0f0f0fu, sh);
-        }
-        return fmaf(h2f((uint16_t)u.d), fmaf(aux[i], (float)(sl + sh), -8.0f * aux[nvec + i]), acc);
+        const int S = nibbles_x16(u.q, (const uint4 *)xs4, i, nvec);
+        return fmaf(h2f((uint16_t)u.d), fmaf(aux[i], (float)S, -8.0f * aux[nvec + i]), acc);
     }
 };
 
