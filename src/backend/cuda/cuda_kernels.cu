@@ -774,7 +774,6 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
         launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
         return cudaGetLastError();
     }
-    unsigned blocks = (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS);
     /* the unit kernel needs every row's quants in whole 16-byte units, aligned */
     const int units_ok = gemv_quant_units &&
                          (dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K || dtype == CU_Q4_0) &&
@@ -788,6 +787,7 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
         launch_rows(st, k, out, x, wb, rows, cols, row_bytes);
         return cudaGetLastError();
     }
+    const unsigned blocks = (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS);
     switch (n) {
     case 1: gemv_groups_kernel<1><<<blocks, ROW_WARPS * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
     case 2: gemv_groups_kernel<2><<<blocks, ROW_WARPS * WARP, 0, st>>>(out, x, wb, dtype, rows, cols, row_bytes); break;
