@@ -42,6 +42,10 @@ for f in $PACK; do
     strip -o "$C/$f" "$B/$f"
     xz -9e -T"$(nproc)" "$C/$f"
 done
+# what the binaries were built from (the device's own checkout need not say:
+# device_env.sh's carried_start prints this)
+git diff --quiet HEAD -- src include bench || dirty=" + uncommitted changes"
+echo "$(git rev-parse --short HEAD)${dirty:-}, built $(date -u +%Y-%m-%dT%H:%MZ)" >"$C/COMMIT"
 [ "${ONLY:-}" = cuda_bench ] && { du -sh "$C"; exit 0; } # a BASE carry: its cuda_bench is all it runs
 debs=$(ls .devlibs/*.deb 2>/dev/null || true)
 if [ -z "$debs" ]; then

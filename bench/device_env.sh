@@ -33,6 +33,7 @@ unpack_carry() {
     for f in "$1"/*.xz; do xz -dc "$f" >"$1/bin/$(basename "$f" .xz)" && chmod +x "$1/bin/$(basename "$f" .xz)"; done
     cp "$1"/*.deb .devdeps/ 2>/dev/null
     [ -d "$1/wheels" ] && cp -r "$1/wheels" "$1/bin/"
+    [ -f "$1/COMMIT" ] && cp "$1/COMMIT" "$1/bin/"
 }
 if [ -n "${BIN:-}" ] && ls "$BIN"/*.xz >/dev/null 2>&1; then
     unpack_carry "$BIN"
@@ -95,7 +96,7 @@ wait_model() {
 # probe's TB/s in CARD_TBS, for cuda_bench --card-tbs).
 carried_start() {
     BIN=$(readlink -f "$BIN")
-    stamp "start${1:+ ($1)} on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null)"
+    stamp "start${1:+ ($1)} on $(hostname); binaries of $(cat "$BIN/COMMIT" 2>/dev/null || echo "an unnamed build")"
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
     start_models
     use_carried_bin
