@@ -42,19 +42,6 @@ if [ -n "${PREFILL_CHECK:-}" ]; then
 fi
 
 IFS=';' read -r -a CONFIGS <<<"${SWEEP:-default:}"
-# bench_ctx MODEL CTX LABEL VARS ROUND: cuda_bench's prefill / decode / generate lines, one note
-bench_ctx() {
-    local line bin=$BIN vars
-    vars=$(echo "$4" | tr ',' ' ')
-    if [[ " $vars " == *" BIN=base "* ]]; then # the BASE carry's binary (device_env.sh)
-        bin=$BASE
-        vars=${vars/BIN=base/}
-    fi
-    line=$(env $vars timeout 150 "$bin/cuda_bench" "$1" --ctx $(($2 + 788)) --prefill "$2" \
-        --decode 128 ${CARD_TBS:+--card-tbs $CARD_TBS} 2>&1 | tee -a "$OUT/bench.log" |
-        grep -E "^(prefill|decode|generate \(greedy|card)|rror" | tr '\n' ' ')
-    note "$(basename "$1") ctx $2 $3 [$4] round $5: $line"
-}
 wait_model m4b 300
 for ctx in ${CTX-32512}; do
     stamp "36 layers, ctx $ctx"

@@ -30,10 +30,7 @@ for fmt in ${QFMTS:-q6_k}; do
         grep -v "^spark: CUDA" | tee -a "$SUMMARY"
     for round in $(seq "${ROUNDS:-2}"); do
         for cfg in "${CONFIGS[@]}"; do
-            line=$(env $(echo "${cfg#*:}" | tr ',' ' ') timeout 60 "$BIN/cuda_bench" /tmp/m4b2-$fmt.gguf --ctx 1400 \
-                --prefill 512 --decode 64 2>&1 | tee -a "$OUT/bench.log" | grep -E "^(prefill|decode|generate \(greedy)|rror" |
-                tr '\n' ' ')
-            note "$fmt [${cfg%%:*}] round $round: $line"
+            BENCH_DECODE=64 bench_ctx /tmp/m4b2-$fmt.gguf 512 "${cfg%%:*}" "${cfg#*:}" "$round"
         done
     done
 done

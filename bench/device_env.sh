@@ -111,6 +111,22 @@ probe_card() {
 }
 # type_flags FMT: spark quantize's flags for a QFMTS entry (q4_k_m: llama.cpp's mix, Q6_K in places)
 type_flags() { [ "$1" = q4_k_m ] && echo "--type q4_k --recipe q4_k_m" || echo "--type $1"; }
+# bench_ctx MODEL CTX LABEL VARS ROUND: cuda_bench's prefill / decode / generate
+# lines for a CTX-token prefill and BENCH_DECODE (default 128) decoded tokens,
+# one note; VARS (VAR=V,...) set for it, BIN=base among them: the BASE carry's
+# cuda_bench.
+bench_ctx() {
+    local line bin=$BIN vars
+    vars=$(echo "$4" | tr ',' ' ')
+    if [[ " $vars " == *" BIN=base "* ]]; then
+        bin=$BASE
+        vars=${vars/BIN=base/}
+    fi
+    line=$(env $vars timeout 150 "$bin/cuda_bench" "$1" --ctx $(($2 + 788)) --prefill "$2" \
+        --decode "${BENCH_DECODE:-128}" ${CARD_TBS:+--card-tbs $CARD_TBS} 2>&1 | tee -a "$OUT/bench.log" |
+        grep -E "^(prefill|decode|generate \(greedy|card)|rror" | tr '\n' ' ')
+    note "$(basename "$1") ctx $2 $3 [$4] round $5: $line"
+}
 # The GPU test files a device script runs after its timings.
 GPU_TESTS="tests/py/test_cuda.py tests/py/test_cuda_hooks.py tests/py/test_bench.py tests/py/test_pick.py"
 # gpu_tests LOG "FILES" [VAR=V ...]: pytest on FILES in that environment, the
