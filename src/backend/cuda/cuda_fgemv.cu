@@ -848,7 +848,7 @@ bool fg_x16(int dtype)
         const char *e = getenv("SPARK_CUDA_QX16");
         mode = e && *e ? atoi(e) != 0 : 1;
     }
-    return mode != 0 && fg_db() && (dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K || dtype == CU_Q4_0);
+    return mode != 0 && fg_db() && cu_repack_kind(dtype); /* every block format */
 }
 
 /* values per unit, bytes read per unit, NV choices, rows a warp of a single matrix */
@@ -905,13 +905,14 @@ int cu_fgemv_ok(int dtype, int64_t cols, int64_t row_bytes, const void *w, int64
      * largest instantiated NV at KS = 8 */
     int vals, nnv, rw;
     double bytes;
-    if (dtype != CU_BF16 && dtype != CU_Q8_0 && dtype != CU_Q4_K && dtype != CU_Q6_K && dtype != CU_Q4_0) return 0;
+    if (dtype != CU_BF16 && !cu_repack_kind(dtype)) return 0;
     fg_format(dtype, &vals, &bytes, &nnv, &rw);
-    const int64_t want_rb = dtype == CU_BF16   ? cols * 2
+    const int64_t file_rb = dtype == CU_BF16   ? cols * 2
                             : dtype == CU_Q8_0 ? cols / 32 * 34
                             : dtype == CU_Q4_K ? cols / 256 * 144
                             : dtype == CU_Q4_0 ? cols / 32 * 18
-                                               : cols / 256 * 224; /* Q6_K: the device row (cu_dev_row_bytes) */
+                                               : cols / 256 * 210;
+    const int64_t want_rb = cu_dev_row_bytes(dtype, cols, file_rb);
     const int64_t unit = dtype == CU_BF16 ? 8 : 256; /* Q8_0 / Q4_0: 8 blocks keep rows aligned */
     return cols > 0 && cols % unit == 0 && row_bytes == want_rb && row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 &&
            fg_smem(dtype, cols) <= 46 * 1024 && cols / vals <= 8 * WARP * fg_nv(dtype, nnv - 1) && rows > 0 &&

@@ -220,12 +220,13 @@ gemv_quant_kernel(float *__restrict__ out, const float *__restrict__ x, const ui
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = 4 * k + e; /* the value's column within the unit */
+                    const uint32_t nib = (p[(c % 16) / 4] >> (8 * (c % 4) + (c < 16 ? 0 : 4))) & 0x0F; /* Q4_K, Q4_0 */
                     if constexpr (FMT == CU_Q8_0)
                         q[e] = (float)(int8_t)(p[c / 4] >> (8 * (c % 4)));
                     else if constexpr (FMT == CU_Q4_K)
-                        q[e] = (float)((p[(c % 16) / 4] >> (8 * (c % 4) + (c < 16 ? 0 : 4))) & 0x0F);
+                        q[e] = (float)nib;
                     else if constexpr (FMT == CU_Q4_0)
-                        q[e] = (float)((int)((p[(c % 16) / 4] >> (8 * (c % 4) + (c < 16 ? 0 : 4))) & 0x0F) - 8);
+                        q[e] = (float)((int)nib - 8);
                     else
                         q[e] = (float)((int)(((c < 16 ? p : p6)[(c % 16) / 4] >> (8 * (c % 4))) & 0xFF) - 32);
                 }
@@ -775,9 +776,7 @@ cudaError_t cu_gemv(cudaStream_t st, float *out, const float *x, const void *w, 
         return cudaGetLastError();
     }
     /* the unit kernel needs every row's quants in whole 16-byte units, aligned */
-    const int units_ok = gemv_quant_units &&
-                         (dtype == CU_Q8_0 || dtype == CU_Q4_K || dtype == CU_Q6_K || dtype == CU_Q4_0) &&
-                         row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 && ((uintptr_t)x % 16) == 0 &&
+    const int units_ok = gemv_quant_units && cu_repack_kind(dtype) && row_bytes % 16 == 0 && ((uintptr_t)w % 16) == 0 && ((uintptr_t)x % 16) == 0 &&
                          cols % (dtype == CU_Q8_0 || dtype == CU_Q4_0 ? 32 : 256) == 0;
     if (units_ok) {
         rows_kernel k = dtype == CU_Q8_0   ? for_tokens<quant_of<CU_Q8_0>::at>(n)
