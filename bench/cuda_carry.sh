@@ -6,7 +6,8 @@
 # (libpcre2-8, libcjson, libmicrohttpd) and any wheels in $WHEELS.
 #
 #   bash bench/cuda_carry.sh [BUILD_DIR] [CARRY_DIR]     (defaults build-carry, .carry)
-#   ONLY="spark cuda_bench" bash bench/cuda_carry.sh      (only those binaries packed)
+#   ONLY="spark cuda_bench" bash bench/cuda_carry.sh      (only those binaries packed;
+#                                   cuda_kv_bench is packed only when named)
 #   ONLY=cuda_bench bash bench/cuda_carry.sh build-carry .carry-base
 #                                   (a BASE carry for cuda_longctx_run.sh: no .debs, no wheels)
 #
@@ -31,6 +32,7 @@ LIBS="-fopenmp -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -
 PACK=${ONLY:-spark cuda_bench cuda_gemv_bench l2_probe flow_probe}
 packs() { [[ " $PACK " == *" $1 "* ]]; } # only what is packed is built
 packs cuda_bench && gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -o "$B/cuda_bench" bench/cuda_bench.c "$B/libspark.a" $LIBS
+packs cuda_kv_bench && gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -o "$B/cuda_kv_bench" bench/cuda_kv_bench.c "$B/libspark.a" $LIBS
 packs cuda_gemv_bench && nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
     -o "$B/cuda_gemv_bench" bench/cuda_gemv_bench.cu "$B/libspark.a" -lcublas
 packs l2_probe && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o "$B/l2_probe" bench/l2_probe.cu
@@ -46,7 +48,7 @@ done
 # device_env.sh's carried_start prints this)
 git diff --quiet HEAD -- src include bench || dirty=" + uncommitted changes"
 echo "$(git rev-parse --short HEAD)${dirty:-}, built $(date -u +%Y-%m-%dT%H:%MZ)" >"$C/COMMIT"
-[ "${ONLY:-}" = cuda_bench ] && { du -sh "$C"; exit 0; } # a BASE carry: its cuda_bench is all it runs
+packs spark || { du -sh "$C"; exit 0; } # a BASE carry: its bench drivers are all it runs
 debs=$(ls .devlibs/*.deb 2>/dev/null || true)
 if [ -z "$debs" ]; then
     (cd "$C" && apt-get download libpcre2-8-0 libcjson1 libmicrohttpd12 >/dev/null 2>&1) || echo "note: no runtime .debs (apt-get download failed)"

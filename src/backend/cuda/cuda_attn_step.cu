@@ -22,10 +22,17 @@
  * (q and k roped in place in qkv, the cache row, the gated output).
  * Shapes it takes: <= 4 query heads per KV head, head_dim <= 256; the
  * backend uses it while the context is short (cuda_attention's step_ok).
+ * The cache holds float32 rows or f16 / bf16 ones (a->kv_fmt): the kernel
+ * is the same, its cache element type a template parameter; the current
+ * row is rounded as it is stored and the attention reads it so rounded, as
+ * every later step will (and as cuda_kv.cu's attention over those caches).
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_kv.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cooperative_groups.h>
 #include <math.h>
 #include <stdlib.h>
@@ -40,6 +47,19 @@ constexpr int AS_G = 4;      /* query heads per KV head, at most */
 constexpr int AS_CMAX = 16;  /* blocks a cluster, at most (16 is Hopper's non-portable size) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* (the kernel is empty on older targets) */
+/* a cache element to float and back (round to nearest even), per element type */
+__device__ __forceinline__ float kv_f(float x) { return x; }
+__device__ __forceinline__ float kv_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float kv_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename KV>
+__device__ __forceinline__ KV kv_of(float x);
+template <>
+__device__ __forceinline__ float kv_of<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half kv_of<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 kv_of<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
 constexpr int AS_KT = 4; /* keys a warp scores together (as attention_kernel) */
 
 /* cos, sin of rope pair t at position p: from the step's table when there
@@ -97,13 +117,14 @@ __device__ __forceinline__ step_geo step_geometry(const cu_attn_args &a, int C, 
 /* After the dependency wait: this KV head's G query heads, roped (pairs
  * (t, t + half)), into qs, and the heads' gates' sigmoids into gsig; the
  * owner ropes the current k and stores k and v into the cache slot of p,
- * and thread t < D returns their dim t in *kt, *vt. Every global load is
+ * and thread t < D returns dim t of k roped in *kt, and of k and v as the
+ * cache holds them (rounded to KV) in *kc, *vc. Every global load is
  * issued before any is used, so the block waits for one round trip here
  * rather than one per value a thread ropes (run 17's timeline). The caller
  * ends this with a block barrier. */
-template <int E>
+template <int E, typename KV>
 __device__ __forceinline__ void step_q_and_kv(const cu_attn_args &a, const step_geo &s, float (&qs)[AS_G][E * WARP],
-                                              float (&gsig)[AS_G], float *kt, float *vt)
+                                              float (&gsig)[AS_G], float *kt, float *kcr, float *vcr)
 {
     const int D = s.D, G = s.G, half = s.half;
     const float *qkv = a.qkv;
@@ -143,7 +164,7 @@ __device__ __forceinline__ void step_q_and_kv(const cu_attn_args &a, const step_
         /* as rope_kv_kernel: x0 * c - x1 * s, x1 * c + x0 * s (x0 = q[t], x1 = q[t + half]) */
         qs[i / D][d] = d >= 2 * half ? qa[r] : d < half ? qa[r] * qc[r] - qb[r] * qsn[r] : qa[r] * qc[r] + qb[r] * qsn[r];
     }
-    *kt = *vt = 0.0f;
+    *kt = *kcr = *vcr = 0.0f;
     if (s.owner && threadIdx.x < D) {
         const int64_t off = (s.p % a.slots) * s.kv_dim + (int64_t)s.kh * D;
         const int t = threadIdx.x;
@@ -154,8 +175,12 @@ __device__ __forceinline__ void step_q_and_kv(const cu_attn_args &a, const step_
             /* as rope_kv_kernel: y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s (x0 = k[u], x1 = k[u + half]) */
             y = t < half ? ke0 * c - ke1 * sn : ke0 * c + ke1 * sn;
         }
-        ((float *)a.kc)[off + t] = *kt = y;
-        ((float *)a.vc)[off + t] = *vt = ve;
+        *kt = y;
+        const KV kr = kv_of<KV>(y), vr = kv_of<KV>(ve);
+        ((KV *)a.kc)[off + t] = kr;
+        ((KV *)a.vc)[off + t] = vr;
+        *kcr = kv_f(kr);
+        *vcr = kv_f(vr);
     }
 }
 
@@ -230,7 +255,7 @@ __device__ __forceinline__ void step_cluster_merge(const cu_attn_args &a, const 
 }
 #endif
 
-template <int E>
+template <int E, typename KV>
 __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -238,7 +263,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
     const step_geo s = step_geometry(a, (int)cl.num_blocks(), (int)cl.block_rank());
     const int D = s.D, G = s.G, lane = s.lane;
     const int64_t p = s.p, je = s.je;
-    const float *kc = a.kc, *vc = a.vc;
+    const KV *kc = (const KV *)a.kc, *vc = (const KV *)a.vc;
 
     /* the current position's k (roped) and v, stored by the owner: the
      * first tile's copy of row p is taken from here, not reloaded (a reload
@@ -251,7 +276,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
 #pragma unroll
         for (int u = 0; u < AS_KT; u++, slot = slot + 1 == a.slots ? 0 : slot + 1) {
             const int64_t j = j0 + u;
-            const float *kr = NULL, *vr = NULL;
+            const KV *kr = NULL, *vr = NULL;
             if (j < je && !(skip_p && j == p)) {
                 const int64_t off = slot * s.kv_dim + (int64_t)s.kh * D;
                 kr = kc + off;
@@ -260,8 +285,8 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
 #pragma unroll
             for (int e = 0; e < E; e++) {
                 const int d = lane + WARP * e;
-                k[u][e] = kr && d < D ? kr[d] : 0.0f;
-                v[u][e] = vr && d < D ? vr[d] : 0.0f;
+                k[u][e] = kr && d < D ? kv_f(kr[d]) : 0.0f;
+                v[u][e] = vr && d < D ? kv_f(vr[d]) : 0.0f;
             }
         }
     };
@@ -280,11 +305,11 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
 
     __shared__ float gsig[AS_G];
     __shared__ float qs[AS_G][E * WARP];
-    float kt, vt;
-    step_q_and_kv<E>(a, s, qs, gsig, &kt, &vt);
+    float kt, kcr, vcr;
+    step_q_and_kv<E, KV>(a, s, qs, gsig, &kt, &kcr, &vcr);
     if (s.owner && threadIdx.x < D) {
-        kcur[threadIdx.x] = kt;
-        vcur[threadIdx.x] = vt;
+        kcur[threadIdx.x] = kcr;
+        vcur[threadIdx.x] = vcr;
     }
     __syncthreads(); /* qs and kcur / vcur complete; the store visible to this block */
     if (s.owner && threadIdx.x < D) /* k roped in place (every k value was read above) */
@@ -364,18 +389,28 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
 #endif
 }
 
-template <int E>
+template <int E, typename KV>
 cudaError_t launch_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
     return launch_cluster_ex(a->pdl != 0, cluster, dim3((unsigned)(a->n_head_kv * cluster)), dim3(AS_WARPS * WARP), 0,
-                             st, attn_step_kernel<E>, *a);
+                             st, attn_step_kernel<E, KV>, *a);
+}
+
+template <typename KV>
+cudaError_t launch_step_dim(cudaStream_t st, const cu_attn_args *a, int cluster)
+{
+    const int D = a->head_dim;
+    return D <= 32 ? launch_step<1, KV>(st, a, cluster)
+           : D <= 64 ? launch_step<2, KV>(st, a, cluster)
+           : D <= 128 ? launch_step<4, KV>(st, a, cluster)
+                      : launch_step<8, KV>(st, a, cluster);
 }
 
 /* Whether clusters of c blocks of fn can run here. */
-template <int E>
+template <int E, typename KV>
 bool cluster_runs(int c)
 {
-    void (*fn)(cu_attn_args) = attn_step_kernel<E>;
+    void (*fn)(cu_attn_args) = attn_step_kernel<E, KV>;
     if (c > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
         cudaGetLastError();
         return false;
@@ -397,6 +432,12 @@ bool cluster_runs(int c)
     return ok;
 }
 
+template <typename KV>
+bool cluster_runs_all(int c)
+{
+    return cluster_runs<1, KV>(c) && cluster_runs<2, KV>(c) && cluster_runs<4, KV>(c) && cluster_runs<8, KV>(c);
+}
+
 } // namespace
 
 int cu_attn_step_cluster(int device, int want)
@@ -407,7 +448,7 @@ int cu_attn_step_cluster(int device, int want)
         return 0;
     }
     for (int c = want > AS_CMAX ? AS_CMAX : want; c >= 2; c /= 2)
-        if (cluster_runs<1>(c) && cluster_runs<2>(c) && cluster_runs<4>(c) && cluster_runs<8>(c)) return c;
+        if (cluster_runs_all<float>(c) && cluster_runs_all<__half>(c) && cluster_runs_all<__nv_bfloat16>(c)) return c;
     return 0;
 }
 
@@ -415,17 +456,15 @@ int cu_attn_step_ok(const cu_attn_args *a)
 {
     return a->n == 1 && a->n_head_kv > 0 && a->n_head % a->n_head_kv == 0 && a->n_head / a->n_head_kv <= AS_G &&
            a->head_dim > 0 && a->head_dim <= 8 * WARP && a->rot_dims >= 0 && a->rot_dims <= a->head_dim &&
-           a->rot_dims % 2 == 0;
+           a->rot_dims % 2 == 0 && (a->kv_fmt == CU_KV_F32 || a->kv_fmt == CU_KV_F16 || a->kv_fmt == CU_KV_BF16);
 }
 
 cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster)
 {
     if (cluster < 2 || cluster > AS_CMAX || !cu_attn_step_ok(a)) return cudaErrorInvalidValue;
-    const int D = a->head_dim;
-    cudaError_t e = D <= 32 ? launch_step<1>(st, a, cluster)
-                    : D <= 64 ? launch_step<2>(st, a, cluster)
-                    : D <= 128 ? launch_step<4>(st, a, cluster)
-                               : launch_step<8>(st, a, cluster);
+    cudaError_t e = a->kv_fmt == CU_KV_F16    ? launch_step_dim<__half>(st, a, cluster)
+                    : a->kv_fmt == CU_KV_BF16 ? launch_step_dim<__nv_bfloat16>(st, a, cluster)
+                                              : launch_step_dim<float>(st, a, cluster);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }

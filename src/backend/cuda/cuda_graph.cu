@@ -61,7 +61,9 @@ void record(cuda_backend *cb, const cmd *c)
  *          before the attention, safe because the slot of the current
  *          position is never one the attention reads (rings hold >= window
  *          slots, full layers >= n_ctx); while the context is short
- *          (step_ok) all of it is one launch, cu_attn_step;
+ *          (step_ok) all of it is one launch, cu_attn_step; over an f16 /
+ *          bf16 cache (coded attention + coded store) only that launch
+ *          replaces them, else they run as recorded;
  *   attention; gate_heads(attn, g) -> attention with the gate in its output.
  *
  * Every buffer ends the step as the unfused ops leave it (xn, the matmul
@@ -150,6 +152,72 @@ void rope_tables(cuda_backend *cb)
     }
 }
 
+/* The attention of one token as cu_attn_args: an f32 cache's OP_ATTN as
+ * recorded, a 16-bit cache's OP_KVATTN (cuda_kv.cu) in the fields the
+ * one-launch step reads (kv_fmt naming its rows). */
+static bool attn_of(const cmd *at, cmd *out)
+{
+    if (at->op == OP_ATTN) {
+        *out = *at;
+        return at->attn.n == 1;
+    }
+    const cu_kv_attn_args *k = &at->kva;
+    if (at->op != OP_KVATTN || k->n != 1 || (k->fmt != CU_KV_F16 && k->fmt != CU_KV_BF16) || k->gate) return false;
+    *out = new_cmd(OP_ATTN, 1);
+    cu_attn_args *a = &out->attn;
+    a->out = k->out;
+    a->qkv = k->qkv;
+    a->kc = (const float *)k->kc;
+    a->vc = (const float *)k->vc;
+    a->pos = k->pos;
+    a->slots = k->slots;
+    a->qkv_stride = k->qkv_stride;
+    a->n = 1;
+    a->n_head = k->n_head;
+    a->n_head_kv = k->n_head_kv;
+    a->head_dim = k->head_dim;
+    a->window = k->window;
+    a->splits = 1;
+    a->scale = k->scale;
+    a->step_ok = k->step_ok;
+    a->pdl_early = k->pdl_early;
+    a->kv_fmt = k->fmt;
+    return true;
+}
+
+/* Whether kv stores the token's k / v rows of qkv into the cache aa reads. */
+static bool store_matches(const cmd *kv, const cu_attn_args *aa)
+{
+    if (kv->op == OP_KV)
+        return aa->kv_fmt == CU_KV_F32 && kv->n == 1 && kv->x == aa->qkv && kv->k == aa->kc && kv->v == aa->vc &&
+               kv->slots == aa->slots && kv->heads == aa->n_head && kv->rows == aa->n_head_kv &&
+               kv->head_dim == aa->head_dim && kv->stride == aa->qkv_stride;
+    const cu_kv_attn_args *k = &kv->kva;
+    return kv->op == OP_KVSTORE && k->fmt == aa->kv_fmt && k->n == 1 && k->qkv == aa->qkv &&
+           (const void *)k->kc == (const void *)aa->kc && (const void *)k->vc == (const void *)aa->vc &&
+           k->slots == aa->slots && k->n_head == aa->n_head && k->n_head_kv == aa->n_head_kv &&
+           k->head_dim == aa->head_dim && k->qkv_stride == aa->qkv_stride;
+}
+
+/* rope q (r1), rope k (r2), the attention (at) and the kv store (kv) of one
+ * token, in the order the forward records them: whether they fuse, and the
+ * attention with the rope's class in *out. */
+static bool rope_attn_store(const cmd *r1, const cmd *r2, const cmd *at, const cmd *kv, cmd *out)
+{
+    if (!attn_of(at, out)) return false;
+    cu_attn_args *aa = &out->attn;
+    const int64_t q_dim = (int64_t)aa->n_head * aa->head_dim;
+    const bool ok = r2->n == 1 && r1->out == aa->qkv && r1->heads == aa->n_head && r1->head_dim == aa->head_dim &&
+                    r1->stride == aa->qkv_stride && r2->out == aa->qkv + q_dim && r2->heads == aa->n_head_kv &&
+                    r2->head_dim == aa->head_dim && r2->rot_dims == r1->rot_dims && r2->theta == r1->theta &&
+                    r2->stride == aa->qkv_stride && store_matches(kv, aa) &&
+                    (aa->window == 0 || aa->slots >= aa->window) && r1->rot_dims <= aa->head_dim &&
+                    aa->head_dim <= 1024;
+    aa->rot_dims = r1->rot_dims;
+    aa->theta = r1->theta;
+    return ok;
+}
+
 void fuse(cuda_backend *cb)
 {
     const cmd *q = cb->q;
@@ -206,49 +274,39 @@ void fuse(cuda_backend *cb)
             continue;
         }
         /* rope q + rope k + attention + kv store [+ gate] */
-        if (c->op == OP_ROPE && c->n == 1 && i + 3 < n && q[i + 1].op == OP_ROPE && q[i + 2].op == OP_ATTN &&
-            q[i + 3].op == OP_KV) {
-            const cmd *r2 = &q[i + 1], *at = &q[i + 2], *kv = &q[i + 3];
-            const cu_attn_args *aa = &at->attn;
-            const int64_t q_dim = (int64_t)aa->n_head * aa->head_dim;
-            bool ok = aa->n == 1 && r2->n == 1 && kv->n == 1 && c->out == aa->qkv && c->heads == aa->n_head &&
-                      c->head_dim == aa->head_dim && c->stride == aa->qkv_stride && r2->out == aa->qkv + q_dim &&
-                      r2->heads == aa->n_head_kv && r2->head_dim == aa->head_dim && r2->rot_dims == c->rot_dims &&
-                      r2->theta == c->theta && r2->stride == aa->qkv_stride && kv->x == aa->qkv &&
-                      kv->k == aa->kc && kv->v == aa->vc && kv->slots == aa->slots && kv->heads == aa->n_head &&
-                      kv->rows == aa->n_head_kv && kv->head_dim == aa->head_dim && kv->stride == aa->qkv_stride &&
-                      (aa->window == 0 || aa->slots >= aa->window) && c->rot_dims <= aa->head_dim &&
-                      aa->head_dim <= 1024;
-            if (ok) {
-                cmd a2 = *at;
-                a2.attn.rot_dims = c->rot_dims;
-                a2.attn.theta = c->theta;
-                if (aa->step_ok && cu_attn_step_ok(&a2.attn)) {
-                    a2.attn.step = 1; /* rope, store and attention in one launch (cuda_attn_step.cu) */
-                } else {
-                    cmd f = new_cmd(OP_ROPEKV, 1);
-                    f.out = c->out;
-                    f.heads = aa->n_head;
-                    f.rows = aa->n_head_kv;
-                    f.head_dim = aa->head_dim;
-                    f.rot_dims = c->rot_dims;
-                    f.theta = c->theta;
-                    f.k = kv->k;
-                    f.v = kv->v;
-                    f.slots = aa->slots;
-                    fq_push(cb, &f);
-                }
-                size_t used = 4;
-                const cmd *g = i + 4 < n ? &q[i + 4] : NULL;
-                if (g && g->op == OP_GATE && g->n == 1 && g->out == aa->out && g->heads == aa->n_head &&
-                    g->head_dim == aa->head_dim) {
-                    a2.attn.gate = g->x;
-                    used = 5;
-                }
-                fq_push(cb, &a2);
-                i += used;
+        cmd a2;
+        if (c->op == OP_ROPE && c->n == 1 && i + 3 < n && q[i + 1].op == OP_ROPE &&
+            rope_attn_store(c, &q[i + 1], &q[i + 2], &q[i + 3], &a2)) {
+            if (a2.attn.step_ok && cu_attn_step_ok(&a2.attn)) {
+                a2.attn.step = 1; /* rope, store and attention in one launch (cuda_attn_step.cu) */
+            } else if (a2.attn.kv_fmt != CU_KV_F32) {
+                fq_push(cb, c); /* a coded cache's commands stay as they are */
+                i++;
                 continue;
+            } else {
+                const cu_attn_args *aa = &a2.attn;
+                cmd f = new_cmd(OP_ROPEKV, 1);
+                f.out = c->out;
+                f.heads = aa->n_head;
+                f.rows = aa->n_head_kv;
+                f.head_dim = aa->head_dim;
+                f.rot_dims = c->rot_dims;
+                f.theta = c->theta;
+                f.k = (float *)aa->kc;
+                f.v = (float *)aa->vc;
+                f.slots = aa->slots;
+                fq_push(cb, &f);
             }
+            size_t used = 4;
+            const cmd *g = i + 4 < n ? &q[i + 4] : NULL;
+            if (g && g->op == OP_GATE && g->n == 1 && g->out == a2.attn.out && g->heads == a2.attn.n_head &&
+                g->head_dim == a2.attn.head_dim) {
+                a2.attn.gate = g->x;
+                used = 5;
+            }
+            fq_push(cb, &a2);
+            i += used;
+            continue;
         }
         /* attention + gate */
         if (c->op == OP_ATTN && c->attn.n == 1 && i + 1 < n && q[i + 1].op == OP_GATE && q[i + 1].n == 1 &&
@@ -403,7 +461,7 @@ cu_mega *mega_build(cuda_backend *cb)
             p->kind = CU_MK_GEMV;
             p->dtype = c->fg.dtype; /* the persistent kernel takes bf16 only */
             p->fg = c->fg;
-        } else if (c->op == OP_ATTN && c->attn.step) { /* rope, store and attention in one command */
+        } else if (c->op == OP_ATTN && c->attn.step && c->attn.kv_fmt == CU_KV_F32) { /* rope, store, attention */
             p->kind = CU_MK_ATTN;
             p->at = c->attn;
             p->at.step = 0;

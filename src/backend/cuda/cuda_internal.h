@@ -61,7 +61,8 @@ cudaError_t cu_dequant_rows(cudaStream_t st, float *panel, const void *w, int dt
 cudaError_t cu_dequant_rows_bf16x2(cudaStream_t st, void *hi, void *lo, const void *w, int dtype, int64_t r0,
                                    int64_t prow, int64_t cols, int64_t row_bytes);
 
-/* hi = bf16(x), lo = bf16(x - hi): x == hi + lo to ~2^-16 relative. */
+/* hi = bf16(x), lo = bf16(x - hi): x == hi + lo to ~2^-16 relative (lo
+ * NULL: hi alone). */
 cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count);
 /* out[r, t] (out rows ldo apart per token) = the sum over a stacked GEMM's
  * parts: `wide` is (parts_r * rows) x 2n column-major, parts_r blocks of rows
@@ -136,6 +137,8 @@ typedef struct cu_attn_args {
     double theta;
     const float *rope_tab; /* step: cos / sin at *pos (cu_rope_table); NULL: computed */
     unsigned long long *tl; /* step: SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
+    int kv_fmt;        /* step: the cache's number format, CU_KV_F32 (0) / F16 / BF16 (cuda_kv.h): kc and vc
+                        * then point at rows of that element type; every other kernel takes f32 alone */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
 
@@ -146,7 +149,8 @@ cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
  * the work of cu_rope_kv + cu_attention + the merge for one token.
  * cu_attn_step_cluster: the cluster size this device runs (<= want, a power
  * of two; 0: none, e.g. before sm_90). cu_attn_step_ok: the shapes it takes
- * (n == 1, <= 4 query heads per KV head, head_dim <= 256). */
+ * (n == 1, <= 4 query heads per KV head, head_dim <= 256, an f32 / f16 /
+ * bf16 cache). */
 int cu_attn_step_cluster(int device, int want);
 int cu_attn_step_ok(const cu_attn_args *a);
 cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster);

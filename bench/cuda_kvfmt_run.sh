@@ -1,0 +1,39 @@
+#!/bin/bash
+# cuda_kvfmt_run.sh — decode speed by KV-cache number format on the 36-layer
+# 4B shape at a few depths (bench/cuda_kv_bench.c: the cache rows filled
+# with synthetic vectors, then single-token steps timed with their logits
+# copied back), for one carry or for a BASE carry and a new one alternated;
+# then optional GPU tests. One device call:
+#
+#   BIN=.carry [BASE=.carry-base] [KVFMTS="f32 f16 bf16"] [DEPTHS=512,8192,32000]
+#       [ROUNDS=2] [TESTK="pytest -k expression"] bash bench/cuda_kvfmt_run.sh
+#
+# Both carries must hold cuda_kv_bench (ONLY="... cuda_kv_bench" for
+# bench/cuda_carry.sh). Logs under $OUT (default /tmp/cuda-kvfmt).
+set -u
+OUT=${OUT:-/tmp/cuda-kvfmt}
+. "$(dirname "$0")/device_env.sh"
+carried_start "KV formats"
+KVFMTS=${KVFMTS:-f32 f16 bf16}
+DEPTHS=${DEPTHS:-512,8192,32000}
+last=${DEPTHS##*,}
+wait_model m4b || exit 1
+for r in $(seq "${ROUNDS:-2}"); do
+    for fmt in $KVFMTS; do
+        for side in ${BASE:+base} new; do
+            bin=$BIN
+            [ "$side" = base ] && bin=$BASE
+            line=$(timeout 120 "$bin/cuda_kv_bench" /tmp/m4b --kv "$fmt" --ctx $((last + 64)) --depths "$DEPTHS" \
+                --decode 48 2>&1 | tee -a "$OUT/bench.log" | grep -E "^RESULT|rror" | tr '\n' ' ')
+            note "round $r $side $fmt: $line"
+        done
+    done
+done
+if [ -n "${TESTK:-}" ]; then
+    stamp "tests: -k $TESTK"
+    PYTHONPATH=tools:tests/py timeout 300 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
+        -k "$TESTK" >"$OUT/tests.log" 2>&1
+    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
+    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+stamp done
