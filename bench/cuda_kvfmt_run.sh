@@ -29,11 +29,5 @@ for r in $(seq "${ROUNDS:-2}"); do
         done
     done
 done
-if [ -n "${TESTK:-}" ]; then
-    stamp "tests: -k $TESTK"
-    PYTHONPATH=tools:tests/py timeout 300 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
-        -k "$TESTK" >"$OUT/tests.log" 2>&1
-    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
-    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
-fi
+[ -n "${TESTK:-}" ] && tests_k "$TESTK" 300
 stamp done

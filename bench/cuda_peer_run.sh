@@ -21,13 +21,7 @@ BIN=${BIN:-.carry}
 PEER=$(readlink -f "${PEER:-.carry-peer}")
 . "$(dirname "$0")/device_env.sh"
 carried_start "spark and llama.cpp on the same files"
-if [ -n "${TESTK:-}" ]; then # test_cuda.py's tests selected by TESTK first
-    stamp "test_cuda.py -k '$TESTK'"
-    PYTHONPATH=tools:tests/py timeout 200 python3 -m pytest -q -p no:cacheprovider -rfEs -k "$TESTK" \
-        tests/py/test_cuda.py >"$OUT/tests.log" 2>&1
-    tail -2 "$OUT/tests.log" | tee -a "$SUMMARY"
-    grep -E "^E  " "$OUT/tests.log" | head -6 | tee -a "$SUMMARY"
-fi
+[ -n "${TESTK:-}" ] && tests_k "$TESTK" 200 # test_cuda.py's tests selected by TESTK first
 LLAMA=/tmp/llama-bench
 xz -dc "$PEER/llama-bench.xz" >$LLAMA && chmod +x $LLAMA || { note "no llama-bench in $PEER"; exit 1; }
 export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$CUDA_HOME/lib:/usr/local/cuda/lib

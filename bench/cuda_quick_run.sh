@@ -34,11 +34,7 @@ for fmt in ${QFMTS:-q6_k}; do
         done
     done
 done
-stamp "tests: test_cuda.py -k '${TESTK:-q6_k or q4_0}'"
-PYTHONPATH=tools:tests/py timeout 200 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
-    -k "${TESTK:-q6_k or q4_0}" >"$OUT/tests.log" 2>&1
-tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
-grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+tests_k "${TESTK:-q6_k or q4_0}" 200
 if [ "${MEMCHECK:-1}" = 1 ]; then
     stamp "memcheck (spark-tiny decode)"
     memcheck_tiny "$OUT/sanitizer.log"

@@ -39,12 +39,7 @@ for fmt in ${QFMTS-q8_0 q4_k}; do
     sweep_model /tmp/m4b-$fmt.gguf
     rm -f /tmp/m4b-$fmt.gguf
 done
-if [ -n "${TESTK:-}" ]; then
-    stamp "test_cuda.py -k $TESTK"
-    PYTHONPATH=tools:tests/py timeout 330 python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
-        -k "$TESTK" >"$OUT/tests.log" 2>&1
-    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
-fi
+[ -n "${TESTK:-}" ] && tests_k "$TESTK"
 if [ "${TESTS:-0}" = 1 ]; then
     stamp "GPU tests"
     SPARK_CUDA_REPORT=$OUT/errors.jsonl gpu_tests "$OUT/tests-all.log" "$GPU_TESTS"

@@ -138,6 +138,15 @@ gpu_tests() {
     tail -3 "$log" | tee -a "$SUMMARY"
     grep -E "^(FAILED|ERROR|SKIPPED)" "$log" | head -20 | tee -a "$SUMMARY"
 }
+# tests_k EXPR [SECONDS]: test_cuda.py's tests that EXPR selects (pytest -k;
+# log $OUT/tests.log), the summary and every failure, error or skip to $SUMMARY.
+tests_k() {
+    stamp "test_cuda.py -k '$1'"
+    PYTHONPATH=tools:tests/py timeout "${2:-330}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/py/test_cuda.py \
+        -k "$1" >"$OUT/tests.log" 2>&1
+    tail -3 "$OUT/tests.log" | tee -a "$SUMMARY"
+    grep -E "^(FAILED|ERROR|SKIPPED)|^E  " "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+}
 # memcheck_tiny LOG [VAR=V ...]: spark-tiny's decode under compute-sanitizer in
 # that environment; its status is the sanitizer's.
 memcheck_tiny() {
