@@ -15,11 +15,13 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/hook_opts.h"
+#include "cli/kv_opts.h"
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/probe.h"
 #include "backend/cpu/threadpool.h"
 #include "backend/cuda/cuda_backend.h"
+#include "engine/kv_format.h"
 #include "model/model.h"
 
 #include <cjson/cJSON.h>
@@ -55,6 +57,8 @@ static const char bench_usage[] =
     "  --json              one JSON object instead of the table\n"
     "  --gpu               run on the GPU (CUDA); the probes are then the GPU's: device-to-device\n"
     "                      copy bandwidth (read + write) and a bf16 tensor-core GEMM's TFLOP/s\n"
+    KV_OPTS_HELP
+    "                      (the decode's bytes a token count the cache rows in that format)\n"
     "  --phases            phase timing of the decode test (embed / attention / FFN / hooks / head;\n"
     "                      on the GPU also the wait for the device and the device's time per phase)\n"
     "  instruments, to measure their cost (see spark run --help): --steer FILE [--steer-mode M\n"
@@ -69,14 +73,19 @@ typedef struct bench_args {
     int json, no_probe, no_pair, load_mode;
     int gpu, phases;
     hook_opts hooks;
+    kv_opts kv;
 } bench_args;
 
 static int parse_bench_args(int argc, char **argv, bench_args *a)
 {
     static const char cmd[] = "bench";
+    kv_opts_init(&a->kv);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *v;
         long *target = NULL, lo = 0, hi = 0;
+        const int kv = kv_opts_parse(&a->kv, argc, argv, &i, cmd);
+        if (kv < 0) return 0;
+        if (kv > 0) continue;
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
             fputs(bench_usage, stdout);
             exit(0);
@@ -164,12 +173,17 @@ static double prefill_flops(const spark_model *m, int64_t n)
 }
 
 /* Bytes one decode step at position pos reads: every weight once, plus the
- * float32 K and V rows of every visible key. */
-static double decode_bytes(const spark_model *m, int64_t pos)
+ * K and V rows of every visible key, in the cache format of the layer's
+ * kind (o: the session's kv_full / kv_sliding). */
+static double decode_bytes(const spark_model *m, const spark_session_options *o, int64_t pos)
 {
     const spark_model_config *c = &m->cfg;
     double kv = 0;
-    for (int i = 0; i < c->n_layer; i++) kv += (double)visible_keys(c, i, pos) * 2.0 * config_kv_dim(c) * 4.0;
+    for (int i = 0; i < c->n_layer; i++) {
+        const spark_kv_type t = c->layer_kind[i] == SPARK_LAYER_SLIDING ? o->kv_sliding : o->kv_full;
+        const double row = (double)(kv_row_bytes(t, 0, c->head_dim) + kv_row_bytes(t, 1, c->head_dim));
+        kv += (double)visible_keys(c, i, pos) * c->n_head_kv * row;
+    }
     return (double)m->weight_bytes + kv;
 }
 
@@ -239,6 +253,7 @@ static spark_status run_decode(spark_session *s, const int32_t *ids, int n, floa
 typedef struct bench_result {
     const bench_args *a;
     const spark_model *m;
+    spark_session_options so; /* the session's (its KV formats count in decode_bytes) */
     int threads;
     double bw_gb_s, peak_gflop_s;
     double amx_gflop_s, pp_amx_pct; /* the AMX tile probe (0: none) and prefill vs its useful third */
@@ -293,6 +308,8 @@ static void print_json(const bench_result *r)
     cJSON_AddNumberToObject(o, "tg_tok_s", r->tg.mean);
     cJSON_AddNumberToObject(o, "tg_tok_s_sd", r->tg.sd);
     cJSON_AddNumberToObject(o, "tg_bytes_per_token", r->tg_bytes);
+    cJSON_AddStringToObject(o, "kv_type", spark_kv_type_name(r->so.kv_full));
+    cJSON_AddStringToObject(o, "kv_type_sliding", spark_kv_type_name(r->so.kv_sliding));
     cJSON_AddNumberToObject(o, "tg_gb_s", r->tg_gb_s);
     cJSON_AddNumberToObject(o, "bandwidth_gb_s", r->bw_gb_s);
     cJSON_AddNumberToObject(o, "bandwidth_before_gb_s", r->bw_before);
@@ -364,8 +381,10 @@ static void print_table(const bench_result *r)
         printf("memory bandwidth (probe, %d threads): %.1f GB/s (the better of %.1f before and %.1f after the tests)\n",
                r->threads, r->bw_gb_s, r->bw_before, r->bw_after);
     if (a->n_gen > 0)
-        printf("decode: %.3f GB/token -> %.1f GB/s achieved; floor %.2f tok/s; %.1f%% of the floor\n",
-               r->tg_bytes / 1e9, r->tg_gb_s, r->floor_tok_s, r->floor_pct);
+        printf("decode: %.3f GB/token (KV cache %s / sliding %s) -> %.1f GB/s achieved; floor %.2f tok/s; %.1f%% of "
+               "the floor\n",
+               r->tg_bytes / 1e9, spark_kv_type_name(r->so.kv_full), spark_kv_type_name(r->so.kv_sliding), r->tg_gb_s,
+               r->floor_tok_s, r->floor_pct);
     if (r->paired)
         printf("decode, paired with the probe's loop over the weights (%d tokens, %.2f tok/s; passes %.1f-%.1f "
                "GB/s, median %.1f): %.1f%% of the floor, median (quartiles %.1f-%.1f, range %.1f-%.1f)\n",
@@ -402,7 +421,7 @@ static void derive(bench_result *r)
     }
     if (a->n_gen > 0) {
         double bytes = 0;
-        for (int64_t p = 0; p < a->n_gen; p++) bytes += decode_bytes(r->m, p);
+        for (int64_t p = 0; p < a->n_gen; p++) bytes += decode_bytes(r->m, &r->so, p);
         r->tg_bytes = bytes / (double)a->n_gen;
         r->tg_gb_s = r->tg_bytes * r->tg.mean / 1e9;
         r->floor_tok_s = r->bw_gb_s > 0 ? r->bw_gb_s * 1e9 / r->tg_bytes : 0;
@@ -515,7 +534,7 @@ static spark_status run_paired(spark_session *s, const spark_model *m, const int
         settle();
         pass[i + 1] = cpu_probe_read_forms(pool, reg, nreg, &read, form[i + 1]);
         double best = pass[i] < pass[i + 1] ? pass[i] : pass[i + 1];
-        pct[i] = 100.0 * (decode_bytes(m, i) / t) / ((double)read / best);
+        pct[i] = 100.0 * (decode_bytes(m, &r->so, i) / t) / ((double)read / best);
     }
     if (st != SPARK_OK || read == 0) goto done;
     score_self(pass, form, n, r);
@@ -562,6 +581,8 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
     o.n_batch = a->n_prompt > 0 ? (int32_t)(a->n_prompt < 512 ? a->n_prompt : 512) : 1;
     o.n_threads = r->threads;
     if (a->gpu) o.backend = SPARK_BACKEND_CUDA;
+    kv_opts_apply(&a->kv, &o);
+    r->so = o;
     spark_session *s = NULL;
     int32_t *ids = malloc((size_t)(ctx + 1) * sizeof *ids);
     float *logits = malloc((size_t)m->cfg.n_vocab * sizeof *logits);

@@ -63,6 +63,24 @@ def test_paired_decode(model):
     assert out["paired_tokens"] == 1 and "paired_self_passes" not in out  # needs a reading on each side
 
 
+def test_kv_cache_formats_count_their_bytes(model):
+    """--kv-type / --kv-bits reach the session, and the decode's bytes a token
+    count the cache rows in that format: f16 reads half of f32's KV bytes,
+    TurboQuant 4-bit on the full layers (none in this 2-layer SSSF model)
+    the same as f32. Expected bytes from the model's shape, here."""
+    def bench(*flags):
+        return json.loads(run_spark(["bench", model, "-p", "0", "-n", "12", "--no-probe", "--json", *flags]).stdout)
+    f32, f16, tq4 = bench(), bench("--kv-type", "f16"), bench("--kv-bits", "4")
+    assert (f32["kv_type"], f16["kv_type"], tq4["kv_type"]) == ("f32", "f16", "tq4")
+    assert (f32["kv_type_sliding"], f16["kv_type_sliding"], tq4["kv_type_sliding"]) == ("f32", "f16", "f32")
+    # 2 sliding layers (window 8) x 2 kv heads x 16 dims, k and v; token p sees min(p + 1, 8) keys
+    values = sum(2 * min(p + 1, 8) * 2 * 16 * 2 for p in range(12)) / 12
+    assert f32["tg_bytes_per_token"] - f32["weights_bytes"] == pytest.approx(4 * values)
+    assert f16["tg_bytes_per_token"] - f16["weights_bytes"] == pytest.approx(2 * values)
+    assert tq4["tg_bytes_per_token"] == pytest.approx(f32["tg_bytes_per_token"])
+    run_spark(["bench", model, "--kv-type", "f8"], expect_rc=2)
+
+
 def test_skipping_tests_and_probes(model):
     out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "3", "--no-probe", "--json"]).stdout)
     assert out["pp_tok_s"] == 0 and out["tg_tok_s"] > 0
