@@ -332,18 +332,10 @@ class Model:
         return self.rope_dims_full, self.theta_full
 
 
-def round_bf16(x):
-    """x (float64) as float32, then rounded to bf16 (nearest even), back as float64."""
-    u = np.asarray(x, dtype=np.float64).astype(np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return bf16_bits_to_f32(u.astype(np.uint16)).astype(np.float64)
-
-
-def _layer_forward(m, L, h, pos, sliding, variant, record=None, kv=None, act_bf16=False):
+def _layer_forward(m, L, h, pos, sliding, variant, record=None, kv=None):
     n = h.shape[0]
     H, Hk, D = m.n_heads, m.n_kv_heads, m.head_dim
-    rx = round_bf16 if act_bf16 else (lambda t: t)  # what each matrix product's input is
-    x = rx(rmsnorm(h, L.attn_norm, m.eps))
+    x = rmsnorm(h, L.attn_norm, m.eps)
     qkv = x @ L.qkv.T
     g = sigmoid(x @ L.gate.T)  # [n, H], from the same normalised x
     q = qkv[:, :H * D].reshape(n, H, D)
@@ -363,13 +355,13 @@ def _layer_forward(m, L, h, pos, sliding, variant, record=None, kv=None, act_bf1
         h = h + proj * g[:, which]
     else:
         o = o * g[:, :, None]  # one scalar per head, before out_proj
-        h = h + rx(o.reshape(n, H * D)) @ L.out.T
-    x = rx(rmsnorm(h, L.ffn_norm, m.eps))
+        h = h + o.reshape(n, H * D) @ L.out.T
+    x = rmsnorm(h, L.ffn_norm, m.eps)
     act = gelu_tanh if variant == "tanh_gelu" else gelu
     a = act(x @ L.ffn_gate.T) * (x @ L.ffn_up.T)
     if record is not None:
         record.append(a)  # the gated FFN activation, for the statistics hook
-    return h + rx(a) @ L.ffn_down.T
+    return h + a @ L.ffn_down.T
 
 
 def steer_modes(directions, mode, strength):
@@ -407,7 +399,7 @@ def _apply_steer(steer, i, h):
     return h
 
 
-def _run(m, ids, steer, variant, capture, record=None, kv=None, act_bf16=False):
+def _run(m, ids, steer, variant, capture, record=None, kv=None):
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -419,24 +411,22 @@ def _run(m, ids, steer, variant, capture, record=None, kv=None, act_bf16=False):
     h = m.embedding[ids].astype(np.float64)  # no scaling, no norm
     states = []
     for i, L in enumerate(m.layers):
-        h = _layer_forward(m, L, h, pos, m.sliding[i], variant, record, kv, act_bf16)
+        h = _layer_forward(m, L, h, pos, m.sliding[i], variant, record, kv)
         h = _apply_steer(steer, i, h)  # steering acts after the FFN add
         if capture:
             states.append(h)
     return h, states
 
 
-def forward(model, ids, steer=None, variant=None, kv=None, act_bf16=False):
+def forward(model, ids, steer=None, variant=None, kv=None):
     """Raw logits [n, vocab] (float64) for every position of ids (positions from 0).
 
     steer: None, {layer_index: vector[hidden]} added to the residual after that
     layer's FFN add, or a callable f(layer_index, h[n, hidden]) -> new h.
-    kv: None (exact), or (full_type, sliding_type) of a simulated KV cache.
-    act_bf16: every matrix product's input rounded to bf16 first (SPEC §2:
-    the published reference's own precision; the residual stays float64)."""
-    h, _ = _run(model, ids, steer, variant, capture=False, kv=kv, act_bf16=act_bf16)
+    kv: None (exact), or (full_type, sliding_type) of a simulated KV cache."""
+    h, _ = _run(model, ids, steer, variant, capture=False, kv=kv)
     h = rmsnorm(h, model.final_norm, model.eps)
-    return (round_bf16(h) if act_bf16 else h) @ model.head.T  # no softcap, no scale
+    return h @ model.head.T  # no softcap, no scale
 
 
 def hidden_states(model, ids, steer=None, variant=None):
