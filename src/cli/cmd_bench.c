@@ -41,6 +41,8 @@ static const char bench_usage[] =
     "\n"
     "  -p, --n-prompt N    prompt tokens for the prefill test (default 512; 0 skips it)\n"
     "  -n, --n-gen N       tokens for the decode test (default 128; 0 skips it)\n"
+    "  -d, --depth N       the decode test starts at position N: N prompt tokens are evaluated\n"
+    "                      first, untimed, so its tokens attend to N earlier ones (default 0)\n"
     "  -t, --threads N     CPU threads (default: physical cores)\n"
     "  -r, --reps N        repetitions of each test; mean and spread reported (default 1)\n"
     "  --probe-mb N        bandwidth probe buffer in MiB (default 1024; 2048 with --gpu)\n"
@@ -69,7 +71,7 @@ static const char bench_usage[] =
 
 typedef struct bench_args {
     const char *model;
-    long n_prompt, n_gen, threads, reps, probe_mb;
+    long n_prompt, n_gen, depth, threads, reps, probe_mb;
     int json, no_probe, no_pair, load_mode;
     int gpu, phases;
     hook_opts hooks;
@@ -106,6 +108,8 @@ static int parse_bench_args(int argc, char **argv, bench_args *a)
             target = &a->n_prompt, lo = 0, hi = 1 << 20;
         } else if (!strcmp(arg, "-n") || !strcmp(arg, "--n-gen")) {
             target = &a->n_gen, lo = 0, hi = 1 << 20;
+        } else if (!strcmp(arg, "-d") || !strcmp(arg, "--depth")) {
+            target = &a->depth, lo = 0, hi = 1 << 24;
         } else if (!strcmp(arg, "-t") || !strcmp(arg, "--threads")) {
             target = &a->threads, lo = 1, hi = 4096;
         } else if (!strcmp(arg, "-r") || !strcmp(arg, "--reps")) {
@@ -234,13 +238,23 @@ static spark_status run_prefill(spark_session *s, const int32_t *ids, int n, flo
     return SPARK_OK;
 }
 
-static spark_status run_decode(spark_session *s, const int32_t *ids, int n, float *logits, int reps, double *sec)
+/* An empty context, then the first `depth` ids evaluated (untimed): where
+ * the decode tests start. */
+static spark_status start_at_depth(spark_session *s, const int32_t *ids, int depth, float *logits)
+{
+    spark_session_reset(s);
+    return depth > 0 ? spark_session_eval(s, ids, depth, logits, 0) : SPARK_OK;
+}
+
+static spark_status run_decode(spark_session *s, const int32_t *ids, int depth, int n, float *logits, int reps,
+                               double *sec)
 {
     for (int r = 0; r < reps; r++) {
-        spark_session_reset(s);
+        spark_status st = start_at_depth(s, ids, depth, logits);
+        if (st != SPARK_OK) return st;
         double t0 = now_s();
         for (int i = 0; i < n; i++) {
-            spark_status st = spark_session_eval(s, ids + i, 1, logits, 0);
+            st = spark_session_eval(s, ids + depth + i, 1, logits, 0);
             if (st != SPARK_OK) return st;
         }
         sec[r] = now_s() - t0;
@@ -305,6 +319,7 @@ static void print_json(const bench_result *r)
         cJSON_AddNumberToObject(o, "pp_amx_useful_pct", r->pp_amx_pct);
     }
     cJSON_AddNumberToObject(o, "tg_tokens", (double)r->a->n_gen);
+    cJSON_AddNumberToObject(o, "tg_depth", (double)r->a->depth);
     cJSON_AddNumberToObject(o, "tg_tok_s", r->tg.mean);
     cJSON_AddNumberToObject(o, "tg_tok_s_sd", r->tg.sd);
     cJSON_AddNumberToObject(o, "tg_bytes_per_token", r->tg_bytes);
@@ -353,23 +368,24 @@ static void print_table(const bench_result *r)
     else snprintf(backend_name, sizeof backend_name, "cpu %s", cpu_isa_name(cpu_isa_active()));
     printf("cpu: %s (%s%s%s)\n\n", cpu_model_name(), cpu_isa_name(cpu_isa_active()),
            *cpu_feature_string() ? ", " : "", cpu_feature_string());
-    printf("| %-28s | %10s | %8s | %-12s | %7s | %6s | %16s |\n", "model", "size", "params", "backend", "threads",
+    printf("| %-28s | %10s | %8s | %-12s | %7s | %11s | %16s |\n", "model", "size", "params", "backend", "threads",
            "test", "t/s");
-    printf("| %.28s | %.10s | %.8s | %.12s | %.7s | %.6s | %.16s |\n", "------------------------------",
-           "------------", "----------", "--------------", "---------", "--------", "------------------");
+    printf("| %.28s | %.10s | %.8s | %.12s | %.7s | %.11s | %.16s |\n", "------------------------------",
+           "------------", "----------", "--------------", "---------", "-------------", "------------------");
     char size[32], params[32], test[16], rate[32];
     snprintf(size, sizeof size, "%.2f GiB", (double)r->m->weight_bytes / (1024.0 * 1024 * 1024));
     snprintf(params, sizeof params, "%.2f B", (double)total_params(r->m) / 1e9);
     if (a->n_prompt > 0) {
         snprintf(test, sizeof test, "pp%ld", a->n_prompt);
         snprintf(rate, sizeof rate, "%.2f ± %.2f", r->pp.mean, r->pp.sd);
-        printf("| %-28.28s | %10s | %8s | %-12s | %7d | %6s | %16s |\n", base_name(a->model), size, params,
+        printf("| %-28.28s | %10s | %8s | %-12s | %7d | %11s | %16s |\n", base_name(a->model), size, params,
                backend_name, r->threads, test, rate);
     }
     if (a->n_gen > 0) {
-        snprintf(test, sizeof test, "tg%ld", a->n_gen);
+        if (a->depth > 0) snprintf(test, sizeof test, "tg%ld@d%ld", a->n_gen, a->depth);
+        else snprintf(test, sizeof test, "tg%ld", a->n_gen);
         snprintf(rate, sizeof rate, "%.2f ± %.2f", r->tg.mean, r->tg.sd);
-        printf("| %-28.28s | %10s | %8s | %-12s | %7d | %6s | %16s |\n", base_name(a->model), size, params,
+        printf("| %-28.28s | %10s | %8s | %-12s | %7d | %11s | %16s |\n", base_name(a->model), size, params,
                backend_name, r->threads, test, rate);
     }
     printf("\n");
@@ -421,7 +437,7 @@ static void derive(bench_result *r)
     }
     if (a->n_gen > 0) {
         double bytes = 0;
-        for (int64_t p = 0; p < a->n_gen; p++) bytes += decode_bytes(r->m, &r->so, p);
+        for (int64_t p = a->depth; p < a->depth + a->n_gen; p++) bytes += decode_bytes(r->m, &r->so, p);
         r->tg_bytes = bytes / (double)a->n_gen;
         r->tg_gb_s = r->tg_bytes * r->tg.mean / 1e9;
         r->floor_tok_s = r->bw_gb_s > 0 ? r->bw_gb_s * 1e9 / r->tg_bytes : 0;
@@ -508,8 +524,8 @@ static void score_self(const double *pass, double (*form)[CPU_PROBE_FORMS], int 
  * prefetch form) before the first token and after every token. Token i is
  * set against the faster of passes i and i + 1 (the stricter of its two
  * neighbours): 100 * (its bytes / its time) / (pass bytes / pass time). */
-static spark_status run_paired(spark_session *s, const spark_model *m, const int32_t *ids, int n, float *logits,
-                               int threads, bench_result *r)
+static spark_status run_paired(spark_session *s, const spark_model *m, const int32_t *ids, int depth, int n,
+                               float *logits, int threads, bench_result *r)
 {
     int cap = 2 + 6 * m->cfg.n_layer;
     probe_region *reg = malloc((size_t)cap * sizeof *reg);
@@ -522,19 +538,20 @@ static spark_status run_paired(spark_session *s, const spark_model *m, const int
     size_t read = 0;
     double tok_sum = 0;
     cpu_probe_read_pass(pool, reg, nreg, &read); /* warm-up: threads started, TLB walked once */
-    spark_session_reset(s);
+    st = start_at_depth(s, ids, depth, logits);
+    if (st != SPARK_OK) goto done;
     settle();
     pass[0] = cpu_probe_read_forms(pool, reg, nreg, &read, form[0]);
     for (int i = 0; i < n && st == SPARK_OK; i++) {
         settle();
         double t0 = now_s();
-        st = spark_session_eval(s, ids + i, 1, logits, 0);
+        st = spark_session_eval(s, ids + depth + i, 1, logits, 0);
         double t = now_s() - t0;
         tok_sum += t;
         settle();
         pass[i + 1] = cpu_probe_read_forms(pool, reg, nreg, &read, form[i + 1]);
         double best = pass[i] < pass[i + 1] ? pass[i] : pass[i + 1];
-        pct[i] = 100.0 * (decode_bytes(m, &r->so, i) / t) / ((double)read / best);
+        pct[i] = 100.0 * (decode_bytes(m, &r->so, depth + i) / t) / ((double)read / best);
     }
     if (st != SPARK_OK || read == 0) goto done;
     score_self(pass, form, n, r);
@@ -554,6 +571,13 @@ done:
     free(pct);
     free(form);
     return st;
+}
+
+/* Positions the tests fill: the prompt test's, or the decode test's depth + tokens. */
+static int64_t bench_positions(const bench_args *a)
+{
+    const int64_t decoded = a->n_gen > 0 ? a->depth + a->n_gen : 0;
+    return a->n_prompt > decoded ? a->n_prompt : decoded;
 }
 
 static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r)
@@ -576,9 +600,10 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
         if (st != SPARK_OK) return st;
     }
     spark_session_options o = spark_session_default_options();
-    int64_t ctx = a->n_prompt > a->n_gen ? a->n_prompt : a->n_gen;
-    o.n_ctx = (int32_t)(ctx + 1 < m->cfg.max_ctx ? ctx + 1 : m->cfg.max_ctx);
-    o.n_batch = a->n_prompt > 0 ? (int32_t)(a->n_prompt < 512 ? a->n_prompt : 512) : 1;
+    const int64_t ctx = bench_positions(a);
+    o.n_ctx = (int32_t)(ctx + 1 < m->cfg.max_ctx ? ctx + 1 : m->cfg.max_ctx); /* cmd_bench checked ctx */
+    const int64_t chunk = a->n_prompt > a->depth ? a->n_prompt : a->depth; /* the longest evaluation of many tokens */
+    o.n_batch = chunk > 0 ? (int32_t)(chunk < 512 ? chunk : 512) : 1;
     o.n_threads = r->threads;
     if (a->gpu) o.backend = SPARK_BACKEND_CUDA;
     kv_opts_apply(&a->kv, &o);
@@ -597,7 +622,7 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
          * use); neither belongs in the figures (llama-bench warms up alike) */
         fprintf(stderr, "spark bench: warming up (an untimed %s)...\n", a->n_prompt > 0 ? "prefill" : "token");
         st = a->n_prompt > 0 ? run_prefill(s, ids, (int)a->n_prompt, logits, 1, sec)
-                             : run_decode(s, ids, 1, logits, 1, sec);
+                             : run_decode(s, ids, (int)a->depth, 1, logits, 1, sec);
     }
     if (st == SPARK_OK && a->n_prompt > 0) {
         st = run_prefill(s, ids, (int)a->n_prompt, logits, (int)a->reps, sec);
@@ -605,7 +630,7 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
     }
     if (st == SPARK_OK && a->n_gen > 0) {
         if (a->phases) spark_session_timing(s, 1);
-        st = run_decode(s, ids, (int)a->n_gen, logits, (int)a->reps, sec);
+        st = run_decode(s, ids, (int)a->depth, (int)a->n_gen, logits, (int)a->reps, sec);
         r->tg = summarize(sec, (int)a->reps, a->n_gen);
         if (st == SPARK_OK && a->phases) {
             fprintf(stderr, "spark bench: decode test, %ld x %ld tokens:\n", a->reps, a->n_gen);
@@ -615,7 +640,7 @@ static spark_status run_all(spark_model *m, const bench_args *a, bench_result *r
     if (st == SPARK_OK && a->n_gen > 0 && !a->no_probe && !a->no_pair && !a->gpu) {
         if (a->phases) spark_session_timing(s, 0);
         fprintf(stderr, "spark bench: paired decode test (a probe pass over the weights between tokens)...\n");
-        st = run_paired(s, m, ids, (int)a->n_gen, logits, r->threads, r);
+        st = run_paired(s, m, ids, (int)a->depth, (int)a->n_gen, logits, r->threads, r);
     }
     spark_session_free(s);
     free(ids);
@@ -640,6 +665,12 @@ int cmd_bench(int argc, char **argv)
     if (cli_load_model(a.model, a.load_mode, a.gpu, &m) != SPARK_OK) return cli_report_error("bench");
     const spark_model_load_info *li = spark_model_get_load_info(m);
     fprintf(stderr, "spark bench: weights %s (%.1f s)\n", li->why, li->seconds);
+    if (bench_positions(&a) > m->cfg.max_ctx) {
+        fprintf(stderr, "spark bench: the tests fill %lld positions (-p, or -d + -n); %s takes at most %d\n",
+                (long long)bench_positions(&a), a.model, m->cfg.max_ctx);
+        spark_model_free(m);
+        return EXIT_USAGE;
+    }
     bench_result r = {.a = &a, .m = m, .threads = a.threads > 0 ? (int)a.threads : cpu_physical_cores()};
     if (run_all(m, &a, &r) != SPARK_OK) {
         spark_model_free(m);

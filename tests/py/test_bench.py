@@ -81,6 +81,21 @@ def test_kv_cache_formats_count_their_bytes(model):
     run_spark(["bench", model, "--kv-type", "f8"], expect_rc=2)
 
 
+def test_decode_at_depth(model):
+    """-d N: the decode test's tokens sit at positions N.. (its N prompt
+    tokens untimed), so each reads the cache rows of N earlier positions: the
+    bytes a token count them. The model's sliding window is 8, so at depth
+    20 every token sees 8 keys (at depth 0 token p sees p + 1)."""
+    out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "4", "-d", "20", "--no-probe", "--json"]).stdout)
+    assert out["tg_depth"] == 20 and out["tg_tok_s"] > 0
+    assert out["tg_bytes_per_token"] - out["weights_bytes"] == pytest.approx(2 * 8 * 2 * 16 * 2 * 4)
+    text = run_spark(["bench", model, "-p", "0", "-n", "2", "-d", "9", "--no-probe"]).stdout
+    assert "tg2@d9" in text
+    proc = run_spark(["bench", model, "-n", "8", "-d", "1000000", "--no-probe"], expect_rc=2)
+    assert "1000008 positions" in proc.stderr, proc.stderr
+    run_spark(["bench", model, "-d", "x"], expect_rc=2)
+
+
 def test_skipping_tests_and_probes(model):
     out = json.loads(run_spark(["bench", model, "-p", "0", "-n", "3", "--no-probe", "--json"]).stdout)
     assert out["pp_tok_s"] == 0 and out["tg_tok_s"] > 0
