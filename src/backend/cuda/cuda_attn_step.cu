@@ -118,7 +118,7 @@ __device__ __forceinline__ step_geo step_geometry(const cu_attn_args &a, int C, 
  * (t, t + half)), into qs, and the heads' gates' sigmoids into gsig; the
  * owner ropes the current k and stores k and v into the cache slot of p,
  * and thread t < D returns dim t of k roped in *kt, and of k and v as the
- * cache holds them (rounded to KV) in *kc, *vc. Every global load is
+ * cache holds them (rounded to KV) in *kcr, *vcr. Every global load is
  * issued before any is used, so the block waits for one round trip here
  * rather than one per value a thread ropes (run 17's timeline). The caller
  * ends this with a block barrier. */

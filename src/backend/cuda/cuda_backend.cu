@@ -648,8 +648,9 @@ static void kv_coded_attention(cuda_backend *cb, float *out, const float *qkv, c
     cu_kv_attn_args *a = &c.kva;
     attn_args(a, cb, cache, qkv, n, sh, out, splits);
     a->fmt = cache->type;
-    /* a 16-bit cache's step may become the one-launch attention (fuse), as an f32 one's */
-    a->step_ok = (cache->type == SPARK_KV_F16 || cache->type == SPARK_KV_BF16) && step_keys_ok(cb, cache, pos0, n);
+    /* the step may become the one-launch attention (fuse), as an f32 cache's, where
+     * that kernel takes the format (cu_attn_step_ok: f16 / bf16) */
+    a->step_ok = step_keys_ok(cb, cache, pos0, n);
     a->pdl_early = cb->pdl_early;
     size_t ws_need = split_ws_bytes(n, sh, splits);
     int64_t rk = cu_kv_row_bytes(cache->type, 0, sh->head_dim), rv = cu_kv_row_bytes(cache->type, 1, sh->head_dim);

@@ -153,8 +153,9 @@ void rope_tables(cuda_backend *cb)
 }
 
 /* The attention of one token as cu_attn_args: an f32 cache's OP_ATTN as
- * recorded, a 16-bit cache's OP_KVATTN (cuda_kv.cu) in the fields the
- * one-launch step reads (kv_fmt naming its rows). */
+ * recorded, a coded cache's OP_KVATTN (cuda_kv.cu) in the fields the
+ * one-launch step reads (kv_fmt naming its rows; cu_attn_step_ok decides
+ * whether that kernel takes the format). */
 static bool attn_of(const cmd *at, cmd *out)
 {
     if (at->op == OP_ATTN) {
@@ -162,7 +163,7 @@ static bool attn_of(const cmd *at, cmd *out)
         return at->attn.n == 1;
     }
     const cu_kv_attn_args *k = &at->kva;
-    if (at->op != OP_KVATTN || k->n != 1 || (k->fmt != CU_KV_F16 && k->fmt != CU_KV_BF16) || k->gate) return false;
+    if (at->op != OP_KVATTN || k->n != 1 || k->gate) return false;
     *out = new_cmd(OP_ATTN, 1);
     cu_attn_args *a = &out->attn;
     a->out = k->out;

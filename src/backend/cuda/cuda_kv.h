@@ -45,7 +45,7 @@ typedef struct cu_kv_attn_args {
     int64_t slots, qkv_stride;
     int n, n_head, n_head_kv, head_dim, window, splits, fmt;
     float scale;
-    int step_ok, pdl_early; /* f16 / bf16, one token, few keys: the fusion may run it as cu_attn_step (cuda_graph.cu) */
+    int step_ok, pdl_early; /* one token, few keys: the fusion may run it as cu_attn_step if that takes the format */
 } cu_kv_attn_args;
 cudaError_t cu_kv_attention(cudaStream_t st, const cu_kv_attn_args *a);
 
