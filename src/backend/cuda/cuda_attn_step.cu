@@ -47,10 +47,7 @@ constexpr int AS_G = 4;      /* query heads per KV head, at most */
 constexpr int AS_CMAX = 16;  /* blocks a cluster, at most (16 is Hopper's non-portable size) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* (the kernel is empty on older targets) */
-/* a cache element to float and back (round to nearest even), per element type */
-__device__ __forceinline__ float kv_f(float x) { return x; }
-__device__ __forceinline__ float kv_f(__half x) { return __half2float(x); }
-__device__ __forceinline__ float kv_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+/* a float as a cache element (round to nearest even); kv_f (cuda_device.cuh) is the way back */
 template <typename KV>
 __device__ __forceinline__ KV kv_of(float x);
 template <>
@@ -270,8 +267,10 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
      * made the owner the block the others waited for at the cluster
      * barrier: bench/cuda_runs.md run 17) */
     __shared__ float kcur[E * WARP], vcur[E * WARP];
-    /* skip_p: row p left as zeros (the first tile's load, before the owner's store) */
-    auto load = [&](int64_t j0, float (&k)[AS_KT][E], float (&v)[AS_KT][E], bool skip_p) {
+    /* skip_p: row p left as zeros (the first tile's load, before the owner's store); the
+     * elements as loaded (KV), converted only when the tile is scored (att_next_tile) */
+    const KV zero = kv_of<KV>(0.0f);
+    auto load = [&](int64_t j0, KV (&k)[AS_KT][E], KV (&v)[AS_KT][E], bool skip_p) {
         int64_t slot = j0 % a.slots; /* one 64-bit remainder a tile, the next keys' slots by a wrap */
 #pragma unroll
         for (int u = 0; u < AS_KT; u++, slot = slot + 1 == a.slots ? 0 : slot + 1) {
@@ -285,8 +284,8 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
 #pragma unroll
             for (int e = 0; e < E; e++) {
                 const int d = lane + WARP * e;
-                k[u][e] = kr && d < D ? kv_f(kr[d]) : 0.0f;
-                v[u][e] = vr && d < D ? kv_f(vr[d]) : 0.0f;
+                k[u][e] = kr && d < D ? kr[d] : zero;
+                v[u][e] = vr && d < D ? vr[d] : zero;
             }
         }
     };
@@ -295,9 +294,9 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
      * the current position's, is patched in after the owner's store) */
     const int64_t first = s.jb + (int64_t)s.warp * AS_KT;
     const bool first_has_p = first < je && first <= p && p < first + AS_KT;
-    float k[AS_KT][E], v[AS_KT][E];
+    KV k1[AS_KT][E], v1[AS_KT][E];
     tl_mark(a.tl, 0);
-    load(first, k, v, true);
+    load(first, k1, v1, true);
     if (a.pdl_early) pdl_release(); /* the next kernels may become resident now (see cu_attn_args) */
     pdl_wait();
     pdl_release();
@@ -312,6 +311,8 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
         vcur[threadIdx.x] = vcr;
     }
     __syncthreads(); /* qs and kcur / vcur complete; the store visible to this block */
+    float k[AS_KT][E], v[AS_KT][E];
+    att_next_tile(k, v, k1, v1);
     if (s.owner && threadIdx.x < D) /* k roped in place (every k value was read above) */
         ((float *)a.qkv)[s.q_dim + (int64_t)s.kh * D + threadIdx.x] = kt;
     if (first_has_p)
@@ -343,7 +344,7 @@ __global__ void __launch_bounds__(AS_WARPS * WARP) attn_step_kernel(cu_attn_args
      * loads are issued before the current one is scored */
     constexpr int STRIDE = AS_WARPS * AS_KT;
     for (int64_t j0 = first; j0 < je; j0 += STRIDE) {
-        float k2[AS_KT][E], v2[AS_KT][E];
+        KV k2[AS_KT][E], v2[AS_KT][E];
         if (j0 + STRIDE < je) load(j0 + STRIDE, k2, v2, false);
         att_tile<AS_KT, E, AS_G>(q, k, v, G, je - j0, acc, m, l);
         att_next_tile(k, v, k2, v2);

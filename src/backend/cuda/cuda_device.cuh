@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -182,17 +183,25 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
 
 /* ---- decode attention: what the split-KV kernels share ---------------------- */
 
-/* The prefetched tile (k2, v2) becomes the current one (k, v). */
-template <int KT, int E>
-__device__ __forceinline__ void att_next_tile(float (&k)[KT][E], float (&v)[KT][E], const float (&k2)[KT][E],
-                                              const float (&v2)[KT][E])
+/* A cache element as float: f32, f16 or bf16 rows. */
+__device__ __forceinline__ float kv_f(float x) { return x; }
+__device__ __forceinline__ float kv_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float kv_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+/* The prefetched tile (k2, v2: cache elements as loaded) becomes the current
+ * one (k, v). A 16-bit tile stays in its loaded form until here: converting
+ * at the load would make the load's latency wait there, before the current
+ * tile's scores (bench/cuda_runs.md run 40: 3.3x the key tiles' time). */
+template <int KT, int E, typename S>
+__device__ __forceinline__ void att_next_tile(float (&k)[KT][E], float (&v)[KT][E], const S (&k2)[KT][E],
+                                              const S (&v2)[KT][E])
 {
 #pragma unroll
     for (int u = 0; u < KT; u++)
 #pragma unroll
         for (int e = 0; e < E; e++) {
-            k[u][e] = k2[u][e];
-            v[u][e] = v2[u][e];
+            k[u][e] = kv_f(k2[u][e]);
+            v[u][e] = kv_f(v2[u][e]);
         }
 }
 
