@@ -274,9 +274,7 @@ def kv_roundtrip(x, kv_type, is_value):
     if kv_type == "f16":
         return x32.astype(np.float16).astype(np.float64)
     if kv_type == "bf16":
-        u = x32.view(np.uint32).astype(np.uint64)
-        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # round to nearest even
-        return bf16_bits_to_f32(u.astype(np.uint16)).astype(np.float64)
+        return round_bf16(x32)
     return tq_roundtrip(x, _tq_bits(kv_type, is_value))
 
 
@@ -332,10 +330,36 @@ class Model:
         return self.rope_dims_full, self.theta_full
 
 
-def _layer_forward(m, L, h, pos, sliding, variant, record=None, kv=None):
+def round_bf16(x):
+    """x (float64) as float32, then rounded to bf16 (nearest even), back as float64."""
+    u = np.asarray(x, dtype=np.float64).astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return bf16_bits_to_f32(u.astype(np.uint16)).astype(np.float64)
+
+
+def bf16_inputs(jitter=0.0, seed=0):
+    """forward's act_bf16 as a function: each value rounded to bf16; with
+    jitter, first multiplied by (1 + jitter * N(0, 1)), as the last-bit
+    differences of an fp32 implementation would move it. Rounding is not
+    continuous: a difference of one float32 ulp turns some elements to the
+    other bf16 neighbour, and those flips compound layer by layer, so two
+    correct implementations that round the same points land about half the
+    rounding's own effect apart (bench/cuda_runs.md run 41)."""
+    if not jitter:
+        return round_bf16
+    rng = np.random.default_rng(seed)
+    return lambda t: round_bf16(np.asarray(t) * (1 + jitter * rng.standard_normal(np.shape(t))))
+
+
+def _identity(t):
+    return t
+
+
+def _layer_forward(m, L, h, pos, sliding, variant, record=None, kv=None, rx=_identity):
     n = h.shape[0]
     H, Hk, D = m.n_heads, m.n_kv_heads, m.head_dim
-    x = rmsnorm(h, L.attn_norm, m.eps)
+    # rx: what each matrix product's input becomes (act_bf16)
+    x = rx(rmsnorm(h, L.attn_norm, m.eps))
     qkv = x @ L.qkv.T
     g = sigmoid(x @ L.gate.T)  # [n, H], from the same normalised x
     q = qkv[:, :H * D].reshape(n, H, D)
@@ -355,13 +379,13 @@ def _layer_forward(m, L, h, pos, sliding, variant, record=None, kv=None):
         h = h + proj * g[:, which]
     else:
         o = o * g[:, :, None]  # one scalar per head, before out_proj
-        h = h + o.reshape(n, H * D) @ L.out.T
-    x = rmsnorm(h, L.ffn_norm, m.eps)
+        h = h + rx(o.reshape(n, H * D)) @ L.out.T
+    x = rx(rmsnorm(h, L.ffn_norm, m.eps))
     act = gelu_tanh if variant == "tanh_gelu" else gelu
     a = act(x @ L.ffn_gate.T) * (x @ L.ffn_up.T)
     if record is not None:
         record.append(a)  # the gated FFN activation, for the statistics hook
-    return h + a @ L.ffn_down.T
+    return h + rx(a) @ L.ffn_down.T
 
 
 def steer_modes(directions, mode, strength):
@@ -399,7 +423,7 @@ def _apply_steer(steer, i, h):
     return h
 
 
-def _run(m, ids, steer, variant, capture, record=None, kv=None):
+def _run(m, ids, steer, variant, capture, record=None, kv=None, rx=_identity):
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -411,22 +435,26 @@ def _run(m, ids, steer, variant, capture, record=None, kv=None):
     h = m.embedding[ids].astype(np.float64)  # no scaling, no norm
     states = []
     for i, L in enumerate(m.layers):
-        h = _layer_forward(m, L, h, pos, m.sliding[i], variant, record, kv)
+        h = _layer_forward(m, L, h, pos, m.sliding[i], variant, record, kv, rx)
         h = _apply_steer(steer, i, h)  # steering acts after the FFN add
         if capture:
             states.append(h)
     return h, states
 
 
-def forward(model, ids, steer=None, variant=None, kv=None):
+def forward(model, ids, steer=None, variant=None, kv=None, act_bf16=False):
     """Raw logits [n, vocab] (float64) for every position of ids (positions from 0).
 
     steer: None, {layer_index: vector[hidden]} added to the residual after that
     layer's FFN add, or a callable f(layer_index, h[n, hidden]) -> new h.
-    kv: None (exact), or (full_type, sliding_type) of a simulated KV cache."""
-    h, _ = _run(model, ids, steer, variant, capture=False, kv=kv)
+    kv: None (exact), or (full_type, sliding_type) of a simulated KV cache.
+    act_bf16: every matrix product's input rounded to bf16 first (SPEC §2:
+    the published reference's own precision; the residual stays float64);
+    True, or a function from bf16_inputs."""
+    rx = act_bf16 if callable(act_bf16) else round_bf16 if act_bf16 else _identity
+    h, _ = _run(model, ids, steer, variant, capture=False, kv=kv, rx=rx)
     h = rmsnorm(h, model.final_norm, model.eps)
-    return h @ model.head.T  # no softcap, no scale
+    return rx(h) @ model.head.T  # no softcap, no scale
 
 
 def hidden_states(model, ids, steer=None, variant=None):

@@ -199,6 +199,59 @@ def test_forward_one_token_by_hand(tmp):
         assert rel_err(got[0], want) < 1e-13
 
 
+def hand_bf16(v):
+    """Nearest bf16 to float32(v), ties to the even one, chosen between the
+    two bf16 neighbours by their distances (not ref's bit trick)."""
+    out = []
+    for f in np.asarray(v, np.float32).ravel():
+        bits = int(np.array(f).view(np.uint32))
+        lo = np.array(bits & 0xFFFF0000, np.uint32).view(np.float32)
+        hi = np.array((bits & 0xFFFF0000) + 0x10000, np.uint32).view(np.float32)
+        dl, dh = abs(float(f) - float(lo)), abs(float(hi) - float(f))
+        pick = lo if dl < dh or (dl == dh and not (bits >> 16) & 1) else hi
+        out.append(float(pick))
+    return np.array(out).reshape(np.shape(v))
+
+
+def test_act_bf16_rounds_each_product_input_by_hand(tmp):
+    m = build(tmp, "onebf", hidden=24, ff=40, layers=2, heads=4, kv_heads=2, head_dim=8, vocab=50,
+              pattern="SF", seed=5)
+    for tok in (0, 17, 49):
+        got = ref.forward(m, [tok], act_bf16=True)
+        h = m.embedding[tok].copy()
+        for L in m.layers:
+            x = hand_bf16(hand_norm(h, L.attn_norm, m.eps))
+            v = (L.qkv @ x)[(m.n_heads + m.n_kv_heads) * m.head_dim:]
+            g = 1.0 / (1.0 + np.exp(-(L.gate @ x)))
+            o = np.concatenate([g[hh] * v[(hh // 2) * 8:(hh // 2) * 8 + 8] for hh in range(4)])
+            h = h + L.out @ hand_bf16(o)  # the residual itself stays exact
+            x = hand_bf16(hand_norm(h, L.ffn_norm, m.eps))
+            h = h + L.ffn_down @ hand_bf16(gelu_math(L.ffn_gate @ x) * (L.ffn_up @ x))
+        want = m.embedding @ hand_bf16(hand_norm(h, m.final_norm, m.eps))
+        assert rel_err(got[0], want) < 1e-13
+        assert rel_err(got[0], ref.forward(m, [tok])[0]) > 1e-4  # and it is not the exact forward
+
+
+def test_bf16_rounding_amplifies_last_bit_differences(tmp):
+    """The premise of the GPU's bf16-x prefill test (test_cuda.py): float32
+    rounding-sized jitter before each rounding moves the rounded forward a good
+    part of the rounding's own effect (so no fp32 implementation can be held
+    close to the float64 rounded reference), while its distance from the
+    exact forward stays what it was (so that distance can be)."""
+    m = build(tmp, "jit", hidden=256, ff=512, layers=4, heads=4, kv_heads=2, head_dim=64, vocab=512,
+              window=8, pattern="SSSF", seed=11)
+    ids = [int(i) for i in np.random.default_rng(3).integers(0, 512, 40)]
+    exact, rounded = ref.forward(m, ids), ref.forward(m, ids, act_bf16=True)
+    rows = lambda a, b: np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
+    gap = rows(rounded, exact).mean()
+    assert gap > 1e-3
+    assert np.array_equal(ref.forward(m, ids, act_bf16=ref.bf16_inputs(0.0)), rounded)
+    for seed in range(2):  # 1e-6: an fp32 GEMM's error on a 2048-long dot product, the size measured on the GPU
+        jittered = ref.forward(m, ids, act_bf16=ref.bf16_inputs(1e-6, seed))
+        assert rows(jittered, rounded).mean() > 0.3 * gap
+        assert abs(rows(jittered, exact).mean() / gap - 1) < 0.05
+
+
 def test_forward_many_tokens_matches_hand_loops(tmp):
     m = build(tmp, "loops", hidden=16, ff=24, layers=3, heads=4, kv_heads=1, head_dim=8, vocab=40,
               window=3, pattern="SFS", rope_factor_full=0.5, theta_full=500.0, theta_sliding=30.0, seed=6)
