@@ -439,6 +439,43 @@ def test_flash_prefill_matches_cpu(flash_models, name, batch, tmp_path):
     check(f"flash prefill --batch {batch} {m.name}", got, cpu, tol=1e-4)
 
 
+def flash_chunks(stderr):
+    """(chunks, chunks over 16-bit caches) the tensor-core prefill attention ran, from SPARK_CUDA_VERBOSE."""
+    text = stderr.split("tensor-core prefill attention: ")[-1]
+    return int(text.split()[0]), int(text.split("(")[1].split()[0])
+
+
+@pytest.mark.parametrize("fmt", ["f16", "bf16"])
+@pytest.mark.parametrize("name", ["flash_d256_gqa4", "flash_d40_mha", "flash_d96_gqa2"])
+def test_flash_prefill_over_16bit_cache_matches_cpu(flash_models, name, fmt, tmp_path, monkeypatch):
+    """The tensor-core prefill attention over an f16 / bf16 cache (cached rows
+    staged as their 16-bit elements, the chunk's own rows rounded to the
+    format as they will be stored). --batch 64: chunks that read keys from
+    the cache and from the qkv rows at once, windows that wrap. It must have
+    run for every layer's chunks (counted) and agree with the CPU over the
+    same format at the format's prefill budget, and with the coded kernels it
+    replaces (SPARK_CUDA_FLASH=0), which round the same rows, at its decode
+    budget."""
+    m = flash_models[name]
+    flags = KV_FLAGS[fmt]
+    t_pre = KV_TOL[fmt][1]
+    cpu = logits(tmp_path, m.hf, m.ids, "--all", *flags)
+    exact = logits(tmp_path, m.hf, m.ids, "--all")
+    monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
+    out = tmp_path / "flash16.npy"
+    proc = run_spark(["logits", m.hf, "--ids", ",".join(map(str, m.ids)), "--out", out, "--all", "--batch", "64",
+                      "--gpu", *flags])
+    chunks, chunks16 = flash_chunks(proc.stderr)
+    want = FLASH_SHAPES[name]["layers"] * -(-len(m.ids) // 64)
+    assert chunks == chunks16 == want, proc.stderr[-600:]
+    got = np.load(out)
+    monkeypatch.setenv("SPARK_CUDA_FLASH", "0")
+    coded = logits(tmp_path, m.hf, m.ids, "--all", "--batch", "64", "--gpu", *flags)
+    record(f"flash prefill {fmt} cache {m.name}: the format vs the f32 cache (teeth)", rel_l2_rows(cpu, exact))
+    check(f"flash prefill {fmt} cache {m.name} vs cpu", got, cpu, tol=t_pre)
+    check(f"flash prefill {fmt} cache {m.name} vs the coded kernels", got, coded, tol=KV_TOL[fmt][0])
+
+
 # ---- KV-cache formats on the GPU (issue 7) ------------------------------------------
 #
 # The GPU stores the CPU's bytes: f16 / bf16 rows rounded the same way, and

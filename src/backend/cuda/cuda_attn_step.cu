@@ -47,16 +47,6 @@ constexpr int AS_G = 4;      /* query heads per KV head, at most */
 constexpr int AS_CMAX = 16;  /* blocks a cluster, at most (16 is Hopper's non-portable size) */
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* (the kernel is empty on older targets) */
-/* a float as a cache element (round to nearest even); kv_f (cuda_device.cuh) is the way back */
-template <typename KV>
-__device__ __forceinline__ KV kv_of(float x);
-template <>
-__device__ __forceinline__ float kv_of<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half kv_of<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 kv_of<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
 constexpr int AS_KT = 4; /* keys a warp scores together (as attention_kernel) */
 
 /* cos, sin of rope pair t at position p: from the step's table when there

@@ -246,10 +246,11 @@ void cuda_destroy(backend *be)
         fprintf(stderr,
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
                 "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches; "
-                "one-launch attention (cluster %d): %ld launches; products of 2+ tokens: %ld GEMV, %ld GEMM (%ld stacked GEMMs)\n",
+                "one-launch attention (cluster %d): %ld launches; tensor-core prefill attention: %ld chunks (%ld over "
+                "16-bit caches); products of 2+ tokens: %ld GEMV, %ld GEMM (%ld stacked GEMMs)\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
-                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->gemv_products, cb->gemm_products,
-                cb->stacked_products);
+                cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->flash_runs, cb->flash_16bit_runs,
+                cb->gemv_products, cb->gemm_products, cb->stacked_products);
     if (cb->verbose && cb->host_steps)
         fprintf(stderr,
                 "spark: CUDA host time per decode step (%ld steps, %zu commands of %zu bytes): recording "
@@ -668,24 +669,29 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
     set_pos(cb, pos0);
-    if (cache->type != SPARK_KV_F32) {
-        kv_coded_attention(cb, out, qkv, cache, pos0, n, sh);
-        return;
-    }
     int64_t splits = key_splits(cache, (int64_t)n * sh->n_head_kv, (int64_t)cb->att_blocks_per_sm * cb->sms, cb->split_keys);
     cmd c = new_cmd(OP_ATTN, n);
     cu_attn_args *a = &c.attn;
     attn_args(a, cb, cache, qkv, n, sh, out, splits);
+    a->kv_fmt = (int)cache->type; /* SPARK_KV_* and CU_KV_* share their order */
+    /* prefill chunks over an f32, f16 or bf16 cache: the tensor-core kernel (cuda_flash.cu) */
+    const bool flash = (cache->type == SPARK_KV_F32 || cache->type == SPARK_KV_F16 || cache->type == SPARK_KV_BF16) &&
+                       cu_flash_enabled() && cu_flash_ok(a);
+    if (cache->type != SPARK_KV_F32 && !flash) {
+        kv_coded_attention(cb, out, qkv, cache, pos0, n, sh);
+        return;
+    }
     a->min_split_keys = cb->split_keys;
     a->pdl_early = cb->pdl_early;
     /* the one-launch form (fuse) while the keys are few; a field of the
      * recorded command, so crossing the limit captures a new graph once */
     a->step_ok = step_keys_ok(cb, cache, pos0, n);
-    /* prefill chunks over an f32 cache: the tensor-core kernel (cuda_flash.cu) */
-    if (cache->type == SPARK_KV_F32 && cu_flash_enabled() && cu_flash_ok(a)) {
+    if (flash) {
         a->flash = 1;
         a->splits = cu_flash_splits(a, pos0, cb->sms);
         splits = a->splits;
+        cb->flash_runs += 1;
+        cb->flash_16bit_runs += cache->type != SPARK_KV_F32;
     }
     if (splits > 1) {
         size_t need = split_ws_bytes(n, sh, splits);

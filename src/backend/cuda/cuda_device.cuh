@@ -187,6 +187,15 @@ __device__ __forceinline__ void load_norm_x(const cu_fgemv_args &a, float4 *xs4,
 __device__ __forceinline__ float kv_f(float x) { return x; }
 __device__ __forceinline__ float kv_f(__half x) { return __half2float(x); }
 __device__ __forceinline__ float kv_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+/* A float as a cache element (round to nearest even). */
+template <typename KV>
+__device__ __forceinline__ KV kv_of(float x);
+template <>
+__device__ __forceinline__ float kv_of<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half kv_of<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 kv_of<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 /* The prefetched tile (k2, v2: cache elements as loaded) becomes the current
  * one (k, v). A 16-bit tile stays in its loaded form until here: converting

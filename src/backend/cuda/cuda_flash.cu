@@ -1,9 +1,11 @@
 /*
  * cuda_flash.cu — tiled tensor-core attention for prefill chunks (issue 6
  * item 3): n query tokens at positions pos0.., causal or sliding
- * (0 <= p - j < window), GQA, keys before pos0 from the float32 cache (ring
- * slot j % slots), the chunk's own keys from the qkv buffer; an online
- * softmax per query row, so no n x keys matrix exists anywhere.
+ * (0 <= p - j < window), GQA, keys before pos0 from the cache (ring slot
+ * j % slots; float32, or f16 / bf16 rows staged as their 16-bit elements),
+ * the chunk's own keys from the qkv buffer (rounded to a 16-bit cache's
+ * format, as they will be stored); an online softmax per query row, so no
+ * n x keys matrix exists anywhere.
  *
  * Layout of the work. A block owns FL_BM = 64 query rows of ONE kv head:
  * row R of kv head kh is token R / G, query head kh * G + R % G (G = n_head /
@@ -16,6 +18,10 @@
  * of BN keys stream through shared memory: the float32 rows are copied by
  * cp.async into a staging buffer while the previous tile is being
  * multiplied, then split into bf16 hi + lo halves.
+ *
+ * An f16 cache prefills 512 tokens of the 4B shape at 21.4k tok/s this way
+ * against 18.4k through the coded kernels, 8192 at 17.3k against 10.5k
+ * (H100, bench/cuda_runs.md run 41; f32: 21.9k / 17.5k).
  *
  * Measured (H200, 4B shape, bench/cuda_runs.md run 4): logits vs the CPU
  * within 9.1e-5 relative L2 (1500 tokens, 4 layers), test shapes 2.4e-5;
@@ -37,6 +43,7 @@
  */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_kv.h"
 
 #include <cuda_bf16.h>
 #include <math.h>
@@ -46,6 +53,8 @@
 
 namespace {
 
+using spark_dev::kv_f;
+using spark_dev::kv_of;
 using spark_dev::smem_u32;
 
 constexpr int FL_WARPS = 4, FL_BM = 16 * FL_WARPS; /* row groups of 16; each is 1 or 2 warps (NS) */
@@ -93,6 +102,11 @@ __device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
                  "r"(valid ? 16 : 0));
 }
+/* 8 bytes global -> shared (four 16-bit cache elements) */
+__device__ __forceinline__ void cp8(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src));
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
@@ -121,8 +135,24 @@ __device__ __forceinline__ void split4_store(__nv_bfloat16 *hi, __nv_bfloat16 *l
     *(uint2 *)lo = l;
 }
 
-/* One block: FL_BM rows of kv head blockIdx.y, key split blockIdx.z. */
-template <int DP>
+/* Dims d..d+3 of a staged key (or value) row of a 16-bit cache (KV) as
+ * float: a cached row is staged as its elements; the chunk's own rows
+ * (staged from the qkv rows in f32) are rounded to the cache's format here,
+ * as they will be stored and as the CPU attends to them. */
+template <typename KV>
+__device__ __forceinline__ float4 staged4(const float *row, int d, bool from_cache)
+{
+    if (from_cache) {
+        const KV *e = (const KV *)row + d;
+        return make_float4(kv_f(e[0]), kv_f(e[1]), kv_f(e[2]), kv_f(e[3]));
+    }
+    float4 v = *(const float4 *)(row + d);
+    return make_float4(kv_f(kv_of<KV>(v.x)), kv_f(kv_of<KV>(v.y)), kv_f(kv_of<KV>(v.z)), kv_f(kv_of<KV>(v.w)));
+}
+
+/* One block: FL_BM rows of kv head blockIdx.y, key split blockIdx.z. KV:
+ * the cache's element type (float, __half, __nv_bfloat16). */
+template <int DP, typename KV>
 __global__ void __launch_bounds__(fl_cfg<DP>::THREADS) flash_kernel(cu_attn_args a)
 {
     using C = fl_cfg<DP>;
@@ -160,6 +190,15 @@ __global__ void __launch_bounds__(fl_cfg<DP>::THREADS) flash_kernel(cu_attn_args
             int kk = i / V4, d = (i % V4) * 4;
             int64_t j = jt + kk;
             bool ok = j < s_end && d < D;
+            if constexpr (sizeof(KV) == 2) {
+                if (ok && j < pos0) { /* a cached 16-bit row: staged as it is, half the bytes */
+                    int64_t slot = j < a.slots ? j : j % a.slots;
+                    int64_t off = slot * kv_dim + (int64_t)kh * D + d;
+                    cp8((KV *)(stK + kk * DP) + d, (const KV *)a.kc + off);
+                    cp8((KV *)(stV + kk * DP) + d, (const KV *)a.vc + off);
+                    continue;
+                }
+            }
             const float *kr = a.qkv, *vr = a.qkv;
             if (ok) {
                 if (j >= pos0) {
@@ -222,8 +261,15 @@ __global__ void __launch_bounds__(fl_cfg<DP>::THREADS) flash_kernel(cu_attn_args
         __syncthreads(); /* staging holds tile it; every warp is done with tile it - 1 */
         for (int i = tid; i < BN * V4; i += NT) {
             int kk = i / V4, d = (i % V4) * 4;
-            split4_store(Kh + kk * LD + d, Kl + kk * LD + d, *(const float4 *)(stK + kk * DP + d));
-            split4_store(Vh + kk * LD + d, Vl + kk * LD + d, *(const float4 *)(stV + kk * DP + d));
+            if constexpr (sizeof(KV) == 4) {
+                split4_store(Kh + kk * LD + d, Kl + kk * LD + d, *(const float4 *)(stK + kk * DP + d));
+                split4_store(Vh + kk * LD + d, Vl + kk * LD + d, *(const float4 *)(stV + kk * DP + d));
+            } else {
+                const int64_t j = jt + kk;
+                const bool cached = j < pos0 && j < s_end && d < D; /* as issue() staged it */
+                split4_store(Kh + kk * LD + d, Kl + kk * LD + d, staged4<KV>(stK + kk * DP, d, cached));
+                split4_store(Vh + kk * LD + d, Vl + kk * LD + d, staged4<KV>(stV + kk * DP, d, cached));
+            }
         }
         __syncthreads(); /* bf16 tile ready; staging free */
         if (it + 1 < tiles) issue(it + 1);
@@ -401,19 +447,19 @@ size_t smem_for(int DP)
 
 int bn_for(int DP) { return DP >= 128 ? fl_cfg<128>::BN : fl_cfg<64>::BN; }
 
-template <int DP> cudaError_t launch_flash(cudaStream_t st, const cu_attn_args *a)
+template <int DP, typename KV> cudaError_t launch_flash(cudaStream_t st, const cu_attn_args *a)
 {
     static int attr_set = 0; /* per instantiation; the attribute is per device function */
     const size_t smem = fl_cfg<DP>::SMEM;
     if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(flash_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaError_t e = cudaFuncSetAttribute(flash_kernel<DP, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
         attr_set = 1;
     }
     int G = a->n_head / a->n_head_kv;
     int64_t rows = (int64_t)a->n * G;
     dim3 grid((unsigned)((rows + FL_BM - 1) / FL_BM), (unsigned)a->n_head_kv, (unsigned)a->splits);
-    flash_kernel<DP><<<grid, fl_cfg<DP>::THREADS, smem, st>>>(*a);
+    flash_kernel<DP, KV><<<grid, fl_cfg<DP>::THREADS, smem, st>>>(*a);
     return cudaGetLastError();
 }
 
@@ -437,6 +483,7 @@ int cu_flash_ok(const cu_attn_args *a)
     if (a->n < CUDA_FLASH_MIN_N || a->head_dim <= 0 || a->head_dim > 256 || a->head_dim % 4 != 0) return 0;
     if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv != 0 || a->n_head / a->n_head_kv > CUDA_MAX_GROUP) return 0;
     if (a->qkv_stride % 4 != 0 || (uintptr_t)a->qkv % 16 || (uintptr_t)a->kc % 16 || (uintptr_t)a->vc % 16) return 0;
+    if (a->kv_fmt != CU_KV_F32 && a->kv_fmt != CU_KV_F16 && a->kv_fmt != CU_KV_BF16) return 0;
     return a->window >= 0 && a->slots > 0;
 }
 
@@ -511,15 +558,21 @@ cudaError_t cu_flash_attention(cudaStream_t st, const cu_attn_args *a)
     return e;
 }
 
+template <typename KV> static cudaError_t launch_flash_dim(cudaStream_t st, const cu_attn_args *a)
+{
+    switch (pad_dim(a->head_dim)) {
+    case 32: return launch_flash<32, KV>(st, a);
+    case 64: return launch_flash<64, KV>(st, a);
+    case 128: return launch_flash<128, KV>(st, a);
+    default: return launch_flash<256, KV>(st, a);
+    }
+}
+
 static cudaError_t cu_flash_launch(cudaStream_t st, const cu_attn_args *a)
 {
-    cudaError_t e;
-    switch (pad_dim(a->head_dim)) {
-    case 32: e = launch_flash<32>(st, a); break;
-    case 64: e = launch_flash<64>(st, a); break;
-    case 128: e = launch_flash<128>(st, a); break;
-    default: e = launch_flash<256>(st, a); break;
-    }
+    cudaError_t e = a->kv_fmt == CU_KV_F16    ? launch_flash_dim<__half>(st, a)
+                    : a->kv_fmt == CU_KV_BF16 ? launch_flash_dim<__nv_bfloat16>(st, a)
+                                              : launch_flash_dim<float>(st, a);
     if (e != cudaSuccess || a->splits == 1) return e;
     flash_merge_kernel<<<(unsigned)(a->n * a->n_head), 128, 0, st>>>(a->out, a->ws, a->splits, a->head_dim, a->gate);
     return cudaGetLastError();

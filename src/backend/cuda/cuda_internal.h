@@ -136,8 +136,8 @@ typedef struct cu_attn_args {
     double theta;
     const float *rope_tab; /* step: cos / sin at *pos (cu_rope_table); NULL: computed */
     unsigned long long *tl; /* step: SPARK_CUDA_TIMELINE's record of this launch (tl_mark), or NULL */
-    int kv_fmt;        /* step: the cache's number format, CU_KV_F32 (0) / F16 / BF16 (cuda_kv.h): kc and vc
-                        * then point at rows of that element type; every other kernel takes f32 alone */
+    int kv_fmt;        /* step and flash: the cache's number format, CU_KV_F32 (0) / F16 / BF16 (cuda_kv.h):
+                        * kc and vc then point at rows of that element type; every other kernel takes f32 alone */
 } cu_attn_args;
 cudaError_t cu_attention(cudaStream_t st, const cu_attn_args *a);
 
@@ -156,14 +156,15 @@ cudaError_t cu_attn_step(cudaStream_t st, const cu_attn_args *a, int cluster);
 
 /* ---- prefill attention on tensor cores (cuda_flash.cu) ----
  * The same computation as cu_attention for chunks of >= CUDA_FLASH_MIN_N
- * queries over a float32 cache: key tiles shared by 64 query rows of one KV
+ * queries over a float32 cache, or an f16 / bf16 one (kv_fmt; the chunk's
+ * own keys and values rounded to it, as they are stored): key tiles shared by 64 query rows of one KV
  * head (its G heads x tokens), mma.sync bf16 with hi + lo operand splits
  * (fp32-close: three products per tile), online softmax. `splits` (from
  * cu_flash_splits) cuts each row block's key range; splits > 1 needs the
  * same workspace as cu_attention. SPARK_CUDA_FLASH=0 turns it off. */
 enum { CUDA_FLASH_MIN_N = 16 };
 int cu_flash_enabled(void);
-int cu_flash_ok(const cu_attn_args *a); /* shape, alignment, n; the caller checks the cache is f32 */
+int cu_flash_ok(const cu_attn_args *a); /* shape, alignment, n, the cache's format (kv_fmt) */
 int cu_flash_splits(const cu_attn_args *a, int64_t pos0, int sms);
 cudaError_t cu_flash_attention(cudaStream_t st, const cu_attn_args *a);
 

@@ -86,6 +86,7 @@ struct cuda_backend {
                       * 0: off, SPARK_CUDA_ATTSTEP=0) */
     int64_t att_step_keys; /* ... while a full layer's context is at most this (SPARK_CUDA_ATTSTEP_KEYS) */
     long graph_att_steps, att_step_runs; /* its launches in the current graph; launches run (SPARK_CUDA_VERBOSE) */
+    long flash_runs, flash_16bit_runs; /* prefill chunks' attention on the tensor cores, all / over f16 or bf16 caches */
     int pdl_now;     /* launches now get the PDL attribute (during a capture) */
     cmd *fq;         /* the fused form of q */
     size_t nfq, fqcap;
