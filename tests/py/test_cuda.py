@@ -251,6 +251,59 @@ def test_spark_tiny_formats_match_cpu(gpu, fmt, tmp_path):
           cpu[:24])
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "q4_k"])
+def test_prefill_with_x_in_bf16_is_the_reference_at_its_precision(models, fmt, tmp_path, monkeypatch):
+    """SPARK_CUDA_PREFILL_X=bf16: the prefill GEMMs take x rounded to bf16
+    once instead of a hi + lo pair, half the products: the published
+    reference's own precision (SPEC §2), the float64 NumPy forward with every
+    matrix product's input rounded to bf16 (ref.forward(act_bf16=True)).
+
+    Rounding is not continuous: an fp32 implementation's last-bit
+    differences turn some elements to the other bf16 neighbour, the flips
+    compound, and no correct implementation lands near the rounded reference
+    itself (jitter of one float32 ulp before each rounding moves the
+    reference a third to a half of the rounding's own effect;
+    bench/cuda_runs.md run 41, tests/py/test_ref.py).
+    So the oracle is the reference's spread: the rounded reference with
+    float32-sized jitter (ref.bf16_inputs), four seeds. Over the positions,
+    the GPU must be as far from the exact forward as they are (within 5 %:
+    leaving out the rounding of the attention's, the out projection's, the
+    FFN's or the down projection's input moves that distance 7-18 % on this
+    case, and a path that skipped rounding is ~1e-5 away) and no farther
+    from the rounded reference than they are (+25 %). Every GEMM must have
+    run so (SPARK_CUDA_VERBOSE)."""
+    import ref
+    m = models[("d256_gqa4_w16", "bf16")]
+    path = m.hf
+    if fmt != "bf16":
+        path = tmp_path / f"d256-{fmt}.gguf"
+        run_spark(["quantize", m.hf, path, "--type", fmt, "-q"])
+    model = ref.load_model(str(path))
+    exact, rounded = ref.forward(model, m.ids), ref.forward(model, m.ids, act_bf16=True)
+    gap = rel_l2_rows(rounded, exact).mean()
+    assert gap > 1e-3, f"rounding x to bf16 moved the reference only {gap:.3g}: the case cannot tell the paths apart"
+    spread = [ref.forward(model, m.ids, act_bf16=ref.bf16_inputs(1e-6, seed)) for seed in range(4)]
+    to_exact = [rel_l2_rows(j, exact).mean() for j in spread] + [gap]
+    to_rounded = max(rel_l2_rows(j, rounded).mean() for j in spread)
+    monkeypatch.setenv("SPARK_CUDA_PREFILL_X", "bf16")
+    monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
+    out = tmp_path / "xbf16.npy"
+    proc = run_spark(["logits", path, "--ids", ",".join(map(str, m.ids)), "--out", out, "--all", "--gpu"])
+    gemv, gemm, stacked = gemm_counts(proc.stderr)
+    bf16x = int(proc.stderr.split(" with x in bf16 alone)")[-2].split()[-1])
+    assert gemm > 0 and bf16x == gemm and stacked == 0 and gemv == 0, proc.stderr[-600:]
+    got = np.load(out)
+    got_exact, got_rounded = rel_l2_rows(got, exact).mean(), rel_l2_rows(got, rounded).mean()
+    record(f"prefill {m.name} {fmt}, x in bf16, mean vs exact (the reference's {min(to_exact):.4g}..{max(to_exact):.4g})",
+           [got_exact])
+    record(f"prefill {m.name} {fmt}, x in bf16, mean vs the rounded reference (its jittered copies' {to_rounded:.4g})",
+           [got_rounded])
+    assert 0.95 * min(to_exact) <= got_exact <= 1.05 * max(to_exact), \
+        f"GPU {got_exact:.4g} from exact; the rounded reference {min(to_exact):.4g}..{max(to_exact):.4g}"
+    assert got_rounded <= 1.25 * to_rounded, \
+        f"GPU {got_rounded:.4g} from the rounded reference; its jittered copies at most {to_rounded:.4g}"
+
+
 # A block format's other prefill paths, each forced by its environment, and
 # what SPARK_CUDA_VERBOSE must then report of the 96-token products.
 PREFILL_PATHS = {

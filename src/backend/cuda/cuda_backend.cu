@@ -17,7 +17,12 @@
  *   bf16 weights, more tokens      cuBLAS bf16 tensor-core GEMM on x split as
  *                                  bf16 hi + lo, fp32 accumulate: as exact as
  *                                  fp32 x to ~2^-16; hi and lo as one stacked
- *                                  GEMM for a few tokens, else two GEMMs;
+ *                                  GEMM for a few tokens, else two GEMMs
+ *                                  (SPARK_CUDA_PREFILL_X=bf16: x rounded to
+ *                                  bf16 once, one GEMM, 1.36-1.5x faster
+ *                                  prefill: the published reference's own
+ *                                  precision, as far from the exact forward
+ *                                  as its bf16 rounding is; run 41);
  *   f32 weights                    cuBLAS SGEMM;
  *   f16 and block formats          rows decoded to bf16 hi + lo panels,
  *                                  tensor-core GEMMs (gemm_panels).
@@ -247,10 +252,10 @@ void cuda_destroy(backend *be)
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
                 "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches; "
                 "one-launch attention (cluster %d): %ld launches; tensor-core prefill attention: %ld chunks (%ld over "
-                "16-bit caches); products of 2+ tokens: %ld GEMV, %ld GEMM (%ld stacked GEMMs)\n",
+                "16-bit caches); products of 2+ tokens: %ld GEMV, %ld GEMM (%ld stacked GEMMs, %ld with x in bf16 alone)\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
                 cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->flash_runs, cb->flash_16bit_runs,
-                cb->gemv_products, cb->gemm_products, cb->stacked_products);
+                cb->gemv_products, cb->gemm_products, cb->stacked_products, cb->x_bf16_products);
     if (cb->verbose && cb->host_steps)
         fprintf(stderr,
                 "spark: CUDA host time per decode step (%ld steps, %zu commands of %zu bytes): recording "
@@ -289,12 +294,13 @@ void cuda_destroy(backend *be)
     free(cb);
 }
 
-/* x (n rows of cols) as a bf16 pair in cb->bf: *hi, then *lo. */
+/* x (n rows of cols) as a bf16 pair in cb->bf: *hi, then *lo; with
+ * x_bf16, x rounded to bf16 alone (*lo NULL). */
 static void split_x(cuda_backend *cb, const float *x, int64_t cols, int n, void **hi, void **lo)
 {
     size_t count = (size_t)n * (size_t)cols;
     char *pair = (char *)scratch(&cb->bf, &cb->bf_bytes, count * 4);
-    *hi = pair, *lo = pair + count * 2;
+    *hi = pair, *lo = cb->x_bf16 ? NULL : pair + count * 2;
     CK(cu_split_bf16(cb->st, *hi, *lo, x, (int64_t)count));
 }
 
@@ -349,11 +355,17 @@ static void gemm_stacked(cuda_backend *cb, float *out, int64_t ldo, const void *
 }
 
 /* bf16 weights, many tokens: x = hi + lo, two tensor-core products (one
- * stacked GEMM for a few tokens). */
+ * stacked GEMM for a few tokens); with x_bf16 one, x rounded as the
+ * reference rounds it (SPEC §2). */
 static void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *W, int64_t rows, int64_t cols, int n)
 {
     void *hi, *lo;
     split_x(cb, x, cols, n, &hi, &lo);
+    if (!lo) { /* x_bf16: one product */
+        cb->x_bf16_products++;
+        gemm_ex(cb, out, rows, W, hi, rows, cols, n, 0.0f);
+        return;
+    }
     if (n <= stack_limit(cb, SPARK_DTYPE_BF16)) {
         cb->stacked_products++;
         gemm_stacked(cb, out, rows, W, hi, rows, 1, cols, n);
@@ -366,7 +378,8 @@ static void gemm_bf16(cuda_backend *cb, float *out, const float *x, const void *
 /* Any other format, many tokens: panels of rows decoded to a bf16 pair
  * (W = Wh + Wl to ~2^-16, exact for f16) and three tensor-core GEMMs,
  * Wh xh + Wh xl + Wl xh (the dropped Wl xl is ~2^-18 of the product), or
- * for a few tokens all four as one stacked GEMM; or,
+ * for a few tokens all four as one stacked GEMM (with x_bf16: Wh x + Wl x,
+ * the weights still exact); or,
  * with SPARK_CUDA_QGEMM=f32 (and for f32 weights), SGEMM on float32
  * panels: fp32 products of the decoded values, 1.6x (512 tokens) to 2.3x
  * (8k) slower for the 4B on an H100 (bench/cuda_runs.md run 25). */
@@ -385,8 +398,9 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
     char *panel = (char *)scratch(&cb->panel, &cb->panel_bytes, (size_t)per * (size_t)cols * 4);
     void *xh = NULL, *xl = NULL;
     if (!cb->qgemm_f32) split_x(cb, c->x, cols, c->n, &xh, &xl);
-    const int stacked = !cb->qgemm_f32 && c->n <= stack_limit(cb, c->dtype);
+    const int stacked = !cb->qgemm_f32 && xl && c->n <= stack_limit(cb, c->dtype);
     cb->stacked_products += stacked;
+    cb->x_bf16_products += !cb->qgemm_f32 && !xl;
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         int64_t pr = rows - r0 < per ? rows - r0 : per;
         if (cb->qgemm_f32) {
@@ -402,7 +416,7 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
             continue;
         }
         gemm_ex(cb, c->out + r0, rows, wh, xh, pr, cols, c->n, 0.0f);
-        gemm_ex(cb, c->out + r0, rows, wh, xl, pr, cols, c->n, 1.0f);
+        if (xl) gemm_ex(cb, c->out + r0, rows, wh, xl, pr, cols, c->n, 1.0f);
         gemm_ex(cb, c->out + r0, rows, wl, xh, pr, cols, c->n, 1.0f);
     }
 }
@@ -888,6 +902,8 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->verbose = getenv("SPARK_CUDA_VERBOSE") != NULL;
     const char *qg = getenv("SPARK_CUDA_QGEMM");
     cb->qgemm_f32 = qg && !strcmp(qg, "f32");
+    const char *px = getenv("SPARK_CUDA_PREFILL_X"); /* =bf16: x rounded once, half the products */
+    cb->x_bf16 = px && !strcmp(px, "bf16");
     /* =groups: the few-token block-format products a 32-value group a lane (gemv_groups_kernel) */
     const char *qv = getenv("SPARK_CUDA_QGEMV");
     cu_gemv_units(!(qv && !strcmp(qv, "groups")));

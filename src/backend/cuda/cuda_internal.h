@@ -61,7 +61,8 @@ cudaError_t cu_dequant_rows(cudaStream_t st, float *panel, const void *w, int dt
 cudaError_t cu_dequant_rows_bf16x2(cudaStream_t st, void *hi, void *lo, const void *w, int dtype, int64_t r0,
                                    int64_t prow, int64_t cols, int64_t row_bytes);
 
-/* hi = bf16(x), lo = bf16(x - hi): x == hi + lo to ~2^-16 relative. */
+/* hi = bf16(x), lo = bf16(x - hi): x == hi + lo to ~2^-16 relative (lo
+ * NULL: hi alone). */
 cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count);
 /* out[r, t] (out rows ldo apart per token) = the sum over a stacked GEMM's
  * parts: `wide` is (parts_r * rows) x 2n column-major, parts_r blocks of rows

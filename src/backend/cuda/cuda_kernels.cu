@@ -347,8 +347,10 @@ __global__ void __launch_bounds__(256) dequant_run_kernel(P panel, const uint8_t
 /* Element-wise, grid-stride: the hi/lo bf16 pair cuBLAS multiplies. */
 __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t count)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
-        split_bf16(x[i], hi + i, lo + i);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        if (lo) split_bf16(x[i], hi + i, lo + i);
+        else hi[i] = __float2bfloat16_rn(x[i]); /* x rounded once (SPARK_CUDA_PREFILL_X=bf16) */
+    }
 }
 
 /* ---- small ops ------------------------------------------------------------ */

@@ -56,6 +56,8 @@ struct cuda_backend {
     void *panel;    /* decoded weight rows, for cuBLAS (a bf16 pair, or float32) */
     size_t panel_bytes;
     int qgemm_f32;  /* decoded rows as float32 and SGEMM (SPARK_CUDA_QGEMM=f32), not bf16 pairs */
+    int x_bf16;     /* SPARK_CUDA_PREFILL_X=bf16: the GEMMs' x rounded to bf16 once (the
+                     * reference's own precision), not a hi + lo pair: half the products */
     float *wide;    /* a stacked GEMM's products before they are summed (gemm_stacked) */
     size_t wide_bytes;
     int stack_tokens; /* products of at most this many tokens as one stacked GEMM (SPARK_CUDA_STACK_TOKENS) */
@@ -63,6 +65,7 @@ struct cuda_backend {
                       * (SPARK_CUDA_GEMV_TOKENS; 0: each format's default, gemv_limit) */
     long gemv_products, gemm_products, stacked_products; /* products of 2+ tokens run each way, stacked
                                                           * GEMMs among the latter (SPARK_CUDA_VERBOSE) */
+    long x_bf16_products; /* GEMMs with x in bf16 alone (x_bf16) */
     int64_t *d_pos;  /* position of the current chunk's first token */
     int64_t pos_host; /* what d_pos holds (when pos_set) */
     int pos_set;
