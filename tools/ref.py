@@ -7,7 +7,8 @@ are used exactly as stored (bf16/f16 upcast to float64 without rounding).
 
 API (import with PYTHONPATH=tools):
     load_model(path) -> Model          HF directory, or a GGUF file
-    forward(model, ids, steer=None, variant=None, kv=None) -> [n, vocab] float64 logits
+    forward(model, ids, steer=None, variant=None, kv=None, act_bf16=False) -> [n, vocab] float64 logits
+    round_bf16(x), bf16_inputs(jitter, seed)   (act_bf16: every product's input rounded to bf16)
     hidden_states(model, ids, steer=None, variant=None) -> [n, layers, hidden]
     rope, rope_angles, attn_mask, window_mask, causal_mask, attention,
     rmsnorm, erf, gelu, gelu_tanh, sigmoid   (the small pieces, for unit tests)

@@ -652,6 +652,12 @@ static bool step_keys_ok(const cuda_backend *cb, const kv_layer *cache, int64_t 
     return n == 1 && cb->att_cluster > 0 && keys <= cb->att_step_keys;
 }
 
+/* a cache's SPARK_KV_* type is its CU_KV_* format (kv_fmt, fmt) */
+static_assert((int)SPARK_KV_F32 == CU_KV_F32 && (int)SPARK_KV_F16 == CU_KV_F16 && (int)SPARK_KV_BF16 == CU_KV_BF16 &&
+                  (int)SPARK_KV_TQ2 == CU_KV_TQ2 && (int)SPARK_KV_TQ3 == CU_KV_TQ3 &&
+                  (int)SPARK_KV_TQ3_5 == CU_KV_TQ3_5 && (int)SPARK_KV_TQ4 == CU_KV_TQ4,
+              "spark.h's KV types and cuda_kv.h's formats must share their order");
+
 static void kv_coded_attention(cuda_backend *cb, float *out, const float *qkv, const kv_layer *cache, int64_t pos0, int n,
                         const attn_shape *sh)
 {
@@ -687,10 +693,9 @@ void cuda_attention(backend *be, float *out, const float *qkv, const kv_layer *c
     cmd c = new_cmd(OP_ATTN, n);
     cu_attn_args *a = &c.attn;
     attn_args(a, cb, cache, qkv, n, sh, out, splits);
-    a->kv_fmt = (int)cache->type; /* SPARK_KV_* and CU_KV_* share their order */
-    /* prefill chunks over an f32, f16 or bf16 cache: the tensor-core kernel (cuda_flash.cu) */
-    const bool flash = (cache->type == SPARK_KV_F32 || cache->type == SPARK_KV_F16 || cache->type == SPARK_KV_BF16) &&
-                       cu_flash_enabled() && cu_flash_ok(a);
+    a->kv_fmt = (int)cache->type; /* SPARK_KV_* and CU_KV_* share their order (asserted above) */
+    /* prefill chunks: the tensor-core kernel (cuda_flash.cu), for the formats cu_flash_ok takes */
+    const bool flash = cu_flash_enabled() && cu_flash_ok(a);
     if (cache->type != SPARK_KV_F32 && !flash) {
         kv_coded_attention(cb, out, qkv, cache, pos0, n, sh);
         return;
