@@ -230,6 +230,60 @@ def test_bf16_prefill_stacked_or_separate_matches_cpu(models, stack, tmp_path, m
     check(f"prefill {m.name} (stack {stack})", np.load(out), cpu)
 
 
+def pair_counts(stderr):
+    """(split, written by the producer, reused) GEMM x pairs, from SPARK_CUDA_VERBOSE's last line."""
+    text = stderr.split("GEMMs' x pairs: ")[-1]
+    split, rest = text.split(" split, ")
+    written, rest = rest.split(" written by their producer, ")
+    return int(split), int(written), int(rest.split()[0])
+
+
+PAIR_ENVS = {
+    "stacked": {},  # 70 tokens: one GEMM of x hi and lo stacked a matrix
+    "separate": {"SPARK_CUDA_STACK_TOKENS": "0"},  # x hi and lo in two products, as for long prompts
+    "x bf16": {"SPARK_CUDA_PREFILL_X": "bf16"},  # hi alone
+    "chunks of 16": {"SPARK_CUDA_STACK_TOKENS": "0", "--batch": "16"},  # (70 = 4 x 16 + 6: no chunk a GEMV)
+}
+
+
+@pytest.mark.parametrize("env", list(PAIR_ENVS))
+@pytest.mark.parametrize("fmt", ["bf16", "q4_k"])
+def test_gemm_x_pairs_written_by_producers(models, fmt, env, tmp_path, monkeypatch):
+    """A prompt GEMM's x as a bf16 pair: written by x's producer (rmsnorm,
+    gate_heads, gelu_mul) beside its float output, and by one split for two
+    GEMMs of the same x, instead of a split kernel before every GEMM
+    (SPARK_CUDA_XPAIR=0). The pair holds the same bits either way, so the
+    logits must be identical, and within budget of the CPU; and no GEMM may
+    have split its own x."""
+    m = models[("d256_gqa4_w16", "bf16")]
+    path = m.hf
+    if fmt != "bf16":
+        path = tmp_path / f"d256-{fmt}.gguf"
+        run_spark(["quantize", m.hf, path, "--type", fmt, "-q"])
+    extra = ["--batch", PAIR_ENVS[env]["--batch"]] if "--batch" in PAIR_ENVS[env] else []
+    for k, v in PAIR_ENVS[env].items():
+        if not k.startswith("--"):
+            monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SPARK_CUDA_VERBOSE", "1")
+    got = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("SPARK_CUDA_XPAIR", mode)
+        out = tmp_path / f"pairs{mode}.npy"
+        proc = run_spark(["logits", path, "--ids", ",".join(map(str, m.ids)), "--out", out, "--all", "--gpu", *extra])
+        gemv, gemm, stacked = gemm_counts(proc.stderr)
+        split, written, reused = pair_counts(proc.stderr)
+        assert gemm > 0 and gemv == 0, proc.stderr[-600:]
+        if mode == "1":  # every GEMM found its x's pair ready
+            assert split == 0 and reused == gemm and written > 0, proc.stderr[-600:]
+        else:  # producers wrote none; qkv / head gates and gate / up still share one split
+            assert written == 0 and reused > 0 and split + reused == gemm, proc.stderr[-600:]
+        got[mode] = np.load(out)
+    assert np.array_equal(got["1"], got["0"]), \
+        f"logits differ with the producers' pairs: max |d| {np.abs(got['1'] - got['0']).max():.3g}"
+    if env != "x bf16":  # (that mode's oracle is the rounded reference's spread: the test above)
+        check(f"prefill {m.name} {fmt} ({env}), x pairs from producers", got["1"], logits(tmp_path, path, m.ids, "--all"))
+
+
 TINY_IDS = [int(i) for i in np.random.default_rng(7).integers(3, 4000, 96)]
 
 

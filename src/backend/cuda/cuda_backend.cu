@@ -212,6 +212,7 @@ void cuda_release(backend *be, float *buf)
     if (!buf) return;
     use_device(cuda_of(be));
     flush(cuda_of(be));
+    pair_forget(cuda_of(be)); /* a later buffer may take its address */
     CK(cudaFree(buf));
 }
 
@@ -252,10 +253,12 @@ void cuda_destroy(backend *be)
                 "spark: CUDA backend: %ld decode-step graph captures, %ld replays; fast path %d (fuse %d, pdl %d), "
                 "fusion: %ld commands -> %zu; persistent step kernel %d: %ld launches; "
                 "one-launch attention (cluster %d): %ld launches; tensor-core prefill attention: %ld chunks (%ld over "
-                "16-bit caches); products of 2+ tokens: %ld GEMV, %ld GEMM (%ld stacked GEMMs, %ld with x in bf16 alone)\n",
+                "16-bit caches); products of 2+ tokens: %ld GEMV, %ld GEMM (%ld stacked GEMMs, %ld with x in bf16 alone); "
+                "GEMMs' x pairs: %ld split, %ld written by their producer, %ld reused\n",
                 cb->captures, cb->replays, cb->fast, cb->fuse_on, cb->pdl_on, (long)cb->fused + (long)cb->nfq, cb->nfq,
                 cb->mega_on, cb->mega_runs, cb->att_cluster, cb->att_step_runs, cb->flash_runs, cb->flash_16bit_runs,
-                cb->gemv_products, cb->gemm_products, cb->stacked_products, cb->x_bf16_products);
+                cb->gemv_products, cb->gemm_products, cb->stacked_products, cb->x_bf16_products, cb->pair_splits,
+                cb->pair_written, cb->pair_reused);
     if (cb->verbose && cb->host_steps)
         fprintf(stderr,
                 "spark: CUDA host time per decode step (%ld steps, %zu commands of %zu bytes): recording "
@@ -294,14 +297,56 @@ void cuda_destroy(backend *be)
     free(cb);
 }
 
-/* x (n rows of cols) as a bf16 pair in cb->bf: *hi, then *lo; with
- * x_bf16, x rounded to bf16 alone (*lo NULL). */
+/* cb->bf made ready to hold the bf16 pair of the `count` floats at x: hi,
+ * then lo (with x_bf16, hi alone, x rounded once). From here on bf is x's
+ * pair until a command other than a GEMM runs (run_cmd, pair_forget). */
+static cu_pair pair_slot(cuda_backend *cb, const float *x, size_t count)
+{
+    char *p = (char *)scratch(&cb->bf, &cb->bf_bytes, count * 4);
+    cb->pair_of = x;
+    cb->pair_count = count;
+    cb->pair_valid = 1;
+    cu_pair pair = {p, cb->x_bf16 ? NULL : p + count * 2};
+    return pair;
+}
+
+/* The pair a producer of a prompt's rows writes beside its output (none
+ * inside a decode step, whose products are GEMVs on x itself, and whose
+ * capture may not allocate). */
+static cu_pair producer_pair(cuda_backend *cb, const cmd *c, const float *out, size_t count)
+{
+    cu_pair none = {NULL, NULL};
+    if (!cb->pair_fuse || c->n == 1) return none;
+    cb->pair_written++;
+    return pair_slot(cb, out, count);
+}
+
+void pair_forget(cuda_backend *cb) { cb->pair_valid = 0; }
+
+/* x (n rows of cols) as a bf16 pair in cb->bf: *hi, then *lo (NULL with
+ * x_bf16). Usually x's producer wrote it already (its rmsnorm, gate_heads
+ * or gelu_mul), or the GEMM before this one read the same x (qkv and the
+ * head gates, gate and up): then there is nothing to do. */
 static void split_x(cuda_backend *cb, const float *x, int64_t cols, int n, void **hi, void **lo)
 {
-    size_t count = (size_t)n * (size_t)cols;
-    char *pair = (char *)scratch(&cb->bf, &cb->bf_bytes, count * 4);
-    *hi = pair, *lo = cb->x_bf16 ? NULL : pair + count * 2;
-    CK(cu_split_bf16(cb->st, *hi, *lo, x, (int64_t)count));
+    const size_t count = (size_t)n * (size_t)cols;
+    if (cb->pair_valid && cb->pair_of == x && cb->pair_count == count) {
+        cb->pair_reused++;
+        *hi = cb->bf, *lo = cb->x_bf16 ? NULL : (char *)cb->bf + count * 2;
+        return;
+    }
+    cb->pair_splits++;
+    cu_pair pair = pair_slot(cb, x, count);
+    *hi = pair.hi, *lo = pair.lo;
+    CK(cu_split_bf16(cb->st, pair, x, (int64_t)count));
+}
+
+/* A GEMM's output over the floats bf holds the pair of ends the pair. */
+static void pair_check_output(cuda_backend *cb, const cmd *c)
+{
+    const char *o0 = (const char *)c->out, *o1 = o0 + (size_t)c->n * (size_t)c->rows * sizeof(float);
+    const char *x0 = (const char *)cb->pair_of, *x1 = x0 + cb->pair_count * sizeof(float);
+    if (o0 < x1 && x0 < o1) cb->pair_valid = 0;
 }
 
 /* out (+)= W . x on tensor cores, fp32 accumulation: W rows x cols and x n x
@@ -421,34 +466,47 @@ static void gemm_panels(cuda_backend *cb, const cmd *c)
     }
 }
 
+/* A product: the fused GEMV for one token, GEMVs for a few, else a GEMM. */
+static void run_matmul(cuda_backend *cb, const cmd *c)
+{
+    cudaStream_t st = cb->st;
+    if (c->n == 1 && cb->fast && cu_fgemv_ok(c->dtype, c->cols, c->row_bytes, c->w, c->rows) &&
+        ((uintptr_t)c->x % 16) == 0) {
+        cu_fgemv_args a = fgemv_of_matmul(c);
+        CK(cu_fgemv(st, &a, cb->sms, cb->pdl_now));
+    } else if (c->n <= gemv_limit(cb, c->dtype)) { /* stream the weights once per 4 tokens */
+        cb->gemv_products += c->n > 1;
+        for (int t0 = 0; t0 < c->n; t0 += CUDA_GEMV_MAX_TOKENS) {
+            int nt = c->n - t0 < CUDA_GEMV_MAX_TOKENS ? c->n - t0 : CUDA_GEMV_MAX_TOKENS;
+            CK(cu_gemv(st, c->out + (int64_t)t0 * c->rows, c->x + (int64_t)t0 * c->cols, c->w, c->dtype, c->rows,
+                       c->cols, c->row_bytes, nt));
+        }
+    } else if (c->dtype == SPARK_DTYPE_BF16) {
+        cb->gemm_products++;
+        gemm_bf16(cb, c->out, c->x, c->w, c->rows, c->cols, c->n);
+    } else {
+        cb->gemm_products++;
+        gemm_panels(cb, c);
+    }
+}
+
 /* Launch one command's work on the stream (or into the graph being captured:
  * then nothing here may allocate or synchronize, and nothing does for the
  * single-token commands a decode step is made of). */
 void run_cmd(cuda_backend *cb, const cmd *c)
 {
     cudaStream_t st = cb->st;
+    if (c->op != OP_MATMUL) cb->pair_valid = 0; /* it may write what bf holds the pair of */
     switch (c->op) {
     case OP_EMBED: CK(cu_embed(st, c->out, c->w, c->dtype, c->cols, c->row_bytes, c->ids, c->n)); return;
-    case OP_RMSNORM: CK(cu_rmsnorm(st, c->out, c->x, c->y, c->n, (int)c->cols, c->eps)); return;
+    case OP_RMSNORM: {
+        const cu_pair pair = producer_pair(cb, c, c->out, (size_t)c->n * (size_t)c->cols);
+        CK(cu_rmsnorm(st, c->out, c->x, c->y, c->n, (int)c->cols, c->eps, pair));
+        return;
+    }
     case OP_MATMUL:
-        if (c->n == 1 && cb->fast && cu_fgemv_ok(c->dtype, c->cols, c->row_bytes, c->w, c->rows) &&
-            ((uintptr_t)c->x % 16) == 0) {
-            cu_fgemv_args a = fgemv_of_matmul(c);
-            CK(cu_fgemv(st, &a, cb->sms, cb->pdl_now));
-        } else if (c->n <= gemv_limit(cb, c->dtype)) { /* stream the weights once per 4 tokens */
-            cb->gemv_products += c->n > 1;
-            for (int t0 = 0; t0 < c->n; t0 += CUDA_GEMV_MAX_TOKENS) {
-                int nt = c->n - t0 < CUDA_GEMV_MAX_TOKENS ? c->n - t0 : CUDA_GEMV_MAX_TOKENS;
-                CK(cu_gemv(st, c->out + (int64_t)t0 * c->rows, c->x + (int64_t)t0 * c->cols, c->w, c->dtype, c->rows,
-                           c->cols, c->row_bytes, nt));
-            }
-        } else if (c->dtype == SPARK_DTYPE_BF16) {
-            cb->gemm_products++;
-            gemm_bf16(cb, c->out, c->x, c->w, c->rows, c->cols, c->n);
-        } else {
-            cb->gemm_products++;
-            gemm_panels(cb, c);
-        }
+        run_matmul(cb, c);
+        pair_check_output(cb, c);
         return;
     case OP_ROPE:
         CK(cu_rope(st, c->out, c->n, c->stride, c->heads, c->head_dim, cb->d_pos, c->rot_dims, c->theta));
@@ -478,8 +536,16 @@ void run_cmd(cuda_backend *cb, const cmd *c)
                         a->head_dim, a->qkv_stride, a->fmt));
         return;
     }
-    case OP_GATE: CK(cu_gate_heads(st, c->out, c->x, c->n, c->heads, c->head_dim)); return;
-    case OP_GELU: CK(cu_gelu_mul(st, c->out, c->x, c->count)); return;
+    case OP_GATE: {
+        const cu_pair pair = producer_pair(cb, c, c->out, (size_t)c->n * (size_t)c->heads * (size_t)c->head_dim);
+        CK(cu_gate_heads(st, c->out, c->x, c->n, c->heads, c->head_dim, pair));
+        return;
+    }
+    case OP_GELU: {
+        const cu_pair pair = producer_pair(cb, c, c->out, (size_t)c->count);
+        CK(cu_gelu_mul(st, c->out, c->x, c->count, pair));
+        return;
+    }
     case OP_ADD: CK(cu_add(st, c->out, c->x, c->count)); return;
     case OP_HOOK: CK(cu_hook(st, &c->hk, cb->pdl_now)); return;
     case OP_PICK: CK(cu_pick(st, c->x, (int)c->count, cb->pick_keys, cb->pdl_now != 0)); return;
@@ -909,6 +975,8 @@ extern "C" spark_status backend_cuda_create(const spark_model *model, int device
     cb->qgemm_f32 = qg && !strcmp(qg, "f32");
     const char *px = getenv("SPARK_CUDA_PREFILL_X"); /* =bf16: x rounded once, half the products */
     cb->x_bf16 = px && !strcmp(px, "bf16");
+    const char *xp = getenv("SPARK_CUDA_XPAIR"); /* =0: no producer writes a GEMM's pair, every GEMM splits */
+    cb->pair_fuse = !(xp && !strcmp(xp, "0"));
     /* =groups: the few-token block-format products a 32-value group a lane (gemv_groups_kernel) */
     const char *qv = getenv("SPARK_CUDA_QGEMV");
     cu_gemv_units(!(qv && !strcmp(qv, "groups")));

@@ -511,6 +511,7 @@ bool mega_run(cuda_backend *cb)
 void launch_step(cuda_backend *cb)
 {
     CK(cu_set_step(cb->st, cb->d_pos, cb->step_pos, cb->ids, cb->step_id, cb->pick_keys));
+    pair_forget(cb); /* the step writes activations behind run_cmd's back */
     cb->pos_set = 1;
     cb->pos_host = cb->step_pos;
     if (cb->mega_on && mega_run(cb)) return;

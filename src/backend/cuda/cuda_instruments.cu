@@ -19,6 +19,7 @@ void cuda_upload(backend *be, float *buf, const float *host, size_t count)
     cuda_backend *cb = cuda_of(be);
     use_device(cb);
     flush(cb);
+    pair_forget(cb);
     CK(cudaMemcpyAsync(buf, host, count * sizeof(float), cudaMemcpyHostToDevice, cb->st));
     CK(cudaStreamSynchronize(cb->st)); /* pageable source */
 }

@@ -61,9 +61,15 @@ cudaError_t cu_dequant_rows(cudaStream_t st, float *panel, const void *w, int dt
 cudaError_t cu_dequant_rows_bf16x2(cudaStream_t st, void *hi, void *lo, const void *w, int dtype, int64_t r0,
                                    int64_t prow, int64_t cols, int64_t row_bytes);
 
-/* hi = bf16(x), lo = bf16(x - hi): x == hi + lo to ~2^-16 relative (lo
- * NULL: hi alone). */
-cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count);
+/* Activations as the bf16 pair a tensor-core GEMM multiplies: hi = bf16(x),
+ * lo = bf16(x - hi), so x == hi + lo to ~2^-16 relative (lo NULL: hi alone;
+ * hi NULL: no pair). The producers below (rmsnorm, gate_heads, gelu_mul)
+ * write it beside their float output when given one, so that a prompt's
+ * GEMM need not split its x in a kernel of its own. */
+typedef struct cu_pair {
+    void *hi, *lo;
+} cu_pair;
+cudaError_t cu_split_bf16(cudaStream_t st, cu_pair pair, const float *x, int64_t count);
 /* out[r, t] (out rows ldo apart per token) = the sum over a stacked GEMM's
  * parts: `wide` is (parts_r * rows) x 2n column-major, parts_r blocks of rows
  * against x hi (columns t) and x lo (columns n + t). */
@@ -101,13 +107,14 @@ cudaError_t cu_candidates(cudaStream_t st, const float *w, int count, float inv_
 
 cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, int64_t cols, int64_t row_bytes,
                      const int32_t *ids_dev, int n);
-cudaError_t cu_rmsnorm(cudaStream_t st, float *out, const float *x, const float *w, int n, int dim, float eps);
+cudaError_t cu_rmsnorm(cudaStream_t st, float *out, const float *x, const float *w, int n, int dim, float eps,
+                       cu_pair pair);
 /* Kernels that depend on the position read it from device memory (`pos`,
  * the first token's position), so a captured decode step replays unchanged. */
 cudaError_t cu_rope(cudaStream_t st, float *x, int n, int64_t stride, int n_heads, int head_dim, const int64_t *pos,
                     int rot_dims, double theta);
-cudaError_t cu_gate_heads(cudaStream_t st, float *o, const float *g, int n, int n_head, int head_dim);
-cudaError_t cu_gelu_mul(cudaStream_t st, float *a, const float *b, int64_t count);
+cudaError_t cu_gate_heads(cudaStream_t st, float *o, const float *g, int n, int n_head, int head_dim, cu_pair pair);
+cudaError_t cu_gelu_mul(cudaStream_t st, float *a, const float *b, int64_t count, cu_pair pair);
 cudaError_t cu_add(cudaStream_t st, float *y, const float *x, int64_t count);
 cudaError_t cu_kv_store(cudaStream_t st, float *kc, float *vc, int64_t slots, const float *qkv, const int64_t *pos, int n,
                         int n_head, int n_head_kv, int head_dim, int64_t qkv_stride);

@@ -344,13 +344,22 @@ __global__ void __launch_bounds__(256) dequant_run_kernel(P panel, const uint8_t
     }
 }
 
-/* Element-wise, grid-stride: the hi/lo bf16 pair cuBLAS multiplies. */
-__global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t count)
+/* Element i of x as the bf16 pair its GEMM multiplies, when `pair` asks for
+ * one (hi NULL: no pair; lo NULL: hi alone, x rounded once as with
+ * SPARK_CUDA_PREFILL_X=bf16). */
+__device__ __forceinline__ void put_pair(cu_pair pair, int64_t i, float v)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-        if (lo) split_bf16(x[i], hi + i, lo + i);
-        else hi[i] = __float2bfloat16_rn(x[i]); /* x rounded once (SPARK_CUDA_PREFILL_X=bf16) */
-    }
+    __nv_bfloat16 *hi = (__nv_bfloat16 *)pair.hi, *lo = (__nv_bfloat16 *)pair.lo;
+    if (!hi) return;
+    if (lo) split_bf16(v, hi + i, lo + i);
+    else hi[i] = __float2bfloat16_rn(v);
+}
+
+/* Element-wise, grid-stride: the hi/lo bf16 pair cuBLAS multiplies. */
+__global__ void split_bf16_kernel(cu_pair pair, const float *x, int64_t count)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+        put_pair(pair, i, x[i]);
 }
 
 /* ---- small ops ------------------------------------------------------------ */
@@ -370,8 +379,10 @@ __global__ void embed_kernel(float *out, const uint8_t *table, int dtype, int64_
     }
 }
 
-/* One block per row: a block-wide sum of squares, then one scaled pass. */
-__global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x, const float *w, int dim, float eps)
+/* One block per row: a block-wide sum of squares, then one scaled pass
+ * (which also writes the rows' bf16 pair for the GEMM that reads them). */
+__global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x, const float *w, int dim, float eps,
+                                                      cu_pair pair)
 {
     __shared__ float part[256 / WARP];
     const float *xr = x + (int64_t)blockIdx.x * dim;
@@ -388,7 +399,12 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(float *out, const float *x
     }
     __syncthreads();
     float inv = 1.0f / sqrtf(part[0] / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+    const int64_t row0 = (int64_t)blockIdx.x * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] * inv * w[i];
+        yr[i] = v;
+        put_pair(pair, row0 + i, v);
+    }
 }
 
 /* One thread per (token, rotated pair): the angle is computed once, in
@@ -411,17 +427,22 @@ __global__ void rope_kernel(float *x, int n, int64_t stride, int n_heads, int he
     }
 }
 
-__global__ void gate_heads_kernel(float *o, const float *g, int64_t count, int head_dim)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
-        o[i] *= 1.0f / (1.0f + expf(-g[i / head_dim]));
-}
-
-__global__ void gelu_mul_kernel(float *a, const float *b, int64_t count)
+__global__ void gate_heads_kernel(float *o, const float *g, int64_t count, int head_dim, cu_pair pair)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-        float v = a[i];
-        a[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)) * b[i]; /* exact erf form */
+        const float v = o[i] * (1.0f / (1.0f + expf(-g[i / head_dim])));
+        o[i] = v;
+        put_pair(pair, i, v);
+    }
+}
+
+__global__ void gelu_mul_kernel(float *a, const float *b, int64_t count, cu_pair pair)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        const float u = a[i];
+        const float v = 0.5f * u * (1.0f + erff(u * 0.70710678118654752f)) * b[i]; /* exact erf form */
+        a[i] = v;
+        put_pair(pair, i, v);
     }
 }
 
@@ -825,9 +846,9 @@ cudaError_t cu_dequant_rows_bf16x2(cudaStream_t st, void *hi, void *lo, const vo
     return launch_dequant(st, pair, w, dtype, r0, prow, cols, row_bytes);
 }
 
-cudaError_t cu_split_bf16(cudaStream_t st, void *hi, void *lo, const float *x, int64_t count)
+cudaError_t cu_split_bf16(cudaStream_t st, cu_pair pair, const float *x, int64_t count)
 {
-    split_bf16_kernel<<<grid_for(count, 256), 256, 0, st>>>((__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, count);
+    split_bf16_kernel<<<grid_for(count, 256), 256, 0, st>>>(pair, x, count);
     return cudaGetLastError();
 }
 
@@ -844,9 +865,10 @@ cudaError_t cu_embed(cudaStream_t st, float *out, const void *table, int dtype, 
     return cudaGetLastError();
 }
 
-cudaError_t cu_rmsnorm(cudaStream_t st, float *out, const float *x, const float *w, int n, int dim, float eps)
+cudaError_t cu_rmsnorm(cudaStream_t st, float *out, const float *x, const float *w, int n, int dim, float eps,
+                       cu_pair pair)
 {
-    rmsnorm_kernel<<<n, 256, 0, st>>>(out, x, w, dim, eps);
+    rmsnorm_kernel<<<n, 256, 0, st>>>(out, x, w, dim, eps, pair);
     return cudaGetLastError();
 }
 
@@ -860,16 +882,16 @@ cudaError_t cu_rope(cudaStream_t st, float *x, int n, int64_t stride, int n_head
     return cudaGetLastError();
 }
 
-cudaError_t cu_gate_heads(cudaStream_t st, float *o, const float *g, int n, int n_head, int head_dim)
+cudaError_t cu_gate_heads(cudaStream_t st, float *o, const float *g, int n, int n_head, int head_dim, cu_pair pair)
 {
     int64_t count = (int64_t)n * n_head * head_dim;
-    gate_heads_kernel<<<grid_for(count, 256), 256, 0, st>>>(o, g, count, head_dim);
+    gate_heads_kernel<<<grid_for(count, 256), 256, 0, st>>>(o, g, count, head_dim, pair);
     return cudaGetLastError();
 }
 
-cudaError_t cu_gelu_mul(cudaStream_t st, float *a, const float *b, int64_t count)
+cudaError_t cu_gelu_mul(cudaStream_t st, float *a, const float *b, int64_t count, cu_pair pair)
 {
-    gelu_mul_kernel<<<grid_for(count, 256), 256, 0, st>>>(a, b, count);
+    gelu_mul_kernel<<<grid_for(count, 256), 256, 0, st>>>(a, b, count, pair);
     return cudaGetLastError();
 }
 

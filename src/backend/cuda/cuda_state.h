@@ -53,6 +53,14 @@ struct cuda_backend {
     size_t kvstage_bytes;
     void *bf;       /* activations as a bf16 pair (hi, then lo), for cuBLAS */
     size_t bf_bytes;
+    /* what bf holds: the pair of the `pair_count` floats at `pair_of`, written
+     * by their producer or by the last split, while nothing but GEMMs has run
+     * since (pair_valid; any other command, upload or replay clears it) */
+    const float *pair_of;
+    size_t pair_count;
+    int pair_valid;
+    int pair_fuse; /* producers write the pair (SPARK_CUDA_XPAIR=0: every GEMM splits its own x) */
+    long pair_splits, pair_written, pair_reused; /* SPARK_CUDA_VERBOSE */
     void *panel;    /* decoded weight rows, for cuBLAS (a bf16 pair, or float32) */
     size_t panel_bytes;
     int qgemm_f32;  /* decoded rows as float32 and SGEMM (SPARK_CUDA_QGEMM=f32), not bf16 pairs */
@@ -183,6 +191,9 @@ struct cmd {
  * being captured), a zero-filled command of an op, and the fused GEMV of a
  * plain matmul. */
 void run_cmd(cuda_backend *cb, const cmd *c);
+/* What bf holds is no longer known to be any x's pair: device memory was
+ * written outside run_cmd (an upload, a replayed step) or freed. */
+void pair_forget(cuda_backend *cb);
 cmd new_cmd(int op, int n);
 /* A fused GEMV of one single-token matmul's matrix: every other field zero
  * (no norm, no second matrix, no residual). */
