@@ -341,7 +341,7 @@ static void split_x(cuda_backend *cb, const float *x, int64_t cols, int n, void 
     CK(cu_split_bf16(cb->st, pair, x, (int64_t)count));
 }
 
-/* A GEMM's output over the floats bf holds the pair of ends the pair. */
+/* A GEMM that writes over the floats whose pair bf holds makes that pair stale. */
 static void pair_check_output(cuda_backend *cb, const cmd *c)
 {
     const char *o0 = (const char *)c->out, *o1 = o0 + (size_t)c->n * (size_t)c->rows * sizeof(float);
