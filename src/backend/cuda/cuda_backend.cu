@@ -297,17 +297,23 @@ void cuda_destroy(backend *be)
     free(cb);
 }
 
-/* cb->bf made ready to hold the bf16 pair of the `count` floats at x: hi,
- * then lo (with x_bf16, hi alone, x rounded once). From here on bf is x's
- * pair until a command other than a GEMM runs (run_cmd, pair_forget). */
+/* Where bf holds the pair of `count` floats: hi, then lo (with x_bf16, hi
+ * alone, x rounded once). */
+static cu_pair pair_in_bf(const cuda_backend *cb, size_t count)
+{
+    cu_pair pair = {cb->bf, cb->x_bf16 ? NULL : (char *)cb->bf + count * 2};
+    return pair;
+}
+
+/* cb->bf made ready to hold the pair of the `count` floats at x. From here
+ * on bf is x's pair until a command other than a GEMM runs (run_cmd,
+ * pair_forget). */
 static cu_pair pair_slot(cuda_backend *cb, const float *x, size_t count)
 {
-    char *p = (char *)scratch(&cb->bf, &cb->bf_bytes, count * 4);
+    scratch(&cb->bf, &cb->bf_bytes, count * 4);
     cb->pair_of = x;
     cb->pair_count = count;
-    cb->pair_valid = 1;
-    cu_pair pair = {p, cb->x_bf16 ? NULL : p + count * 2};
-    return pair;
+    return pair_in_bf(cb, count);
 }
 
 /* The pair a producer of a prompt's rows writes beside its output (none
@@ -321,7 +327,7 @@ static cu_pair producer_pair(cuda_backend *cb, const cmd *c, const float *out, s
     return pair_slot(cb, out, count);
 }
 
-void pair_forget(cuda_backend *cb) { cb->pair_valid = 0; }
+void pair_forget(cuda_backend *cb) { cb->pair_of = NULL; }
 
 /* x (n rows of cols) as a bf16 pair in cb->bf: *hi, then *lo (NULL with
  * x_bf16). Usually x's producer wrote it already (its rmsnorm, gate_heads
@@ -330,23 +336,25 @@ void pair_forget(cuda_backend *cb) { cb->pair_valid = 0; }
 static void split_x(cuda_backend *cb, const float *x, int64_t cols, int n, void **hi, void **lo)
 {
     const size_t count = (size_t)n * (size_t)cols;
-    if (cb->pair_valid && cb->pair_of == x && cb->pair_count == count) {
+    cu_pair pair;
+    if (cb->pair_of == x && cb->pair_count == count) {
         cb->pair_reused++;
-        *hi = cb->bf, *lo = cb->x_bf16 ? NULL : (char *)cb->bf + count * 2;
-        return;
+        pair = pair_in_bf(cb, count);
+    } else {
+        cb->pair_splits++;
+        pair = pair_slot(cb, x, count);
+        CK(cu_split_bf16(cb->st, pair, x, (int64_t)count));
     }
-    cb->pair_splits++;
-    cu_pair pair = pair_slot(cb, x, count);
     *hi = pair.hi, *lo = pair.lo;
-    CK(cu_split_bf16(cb->st, pair, x, (int64_t)count));
 }
 
 /* A GEMM that writes over the floats whose pair bf holds makes that pair stale. */
 static void pair_check_output(cuda_backend *cb, const cmd *c)
 {
+    if (!cb->pair_of) return;
     const char *o0 = (const char *)c->out, *o1 = o0 + (size_t)c->n * (size_t)c->rows * sizeof(float);
     const char *x0 = (const char *)cb->pair_of, *x1 = x0 + cb->pair_count * sizeof(float);
-    if (o0 < x1 && x0 < o1) cb->pair_valid = 0;
+    if (o0 < x1 && x0 < o1) pair_forget(cb);
 }
 
 /* out (+)= W . x on tensor cores, fp32 accumulation: W rows x cols and x n x
@@ -496,7 +504,7 @@ static void run_matmul(cuda_backend *cb, const cmd *c)
 void run_cmd(cuda_backend *cb, const cmd *c)
 {
     cudaStream_t st = cb->st;
-    if (c->op != OP_MATMUL) cb->pair_valid = 0; /* it may write what bf holds the pair of */
+    if (c->op != OP_MATMUL) pair_forget(cb); /* it may write the floats whose pair bf holds */
     switch (c->op) {
     case OP_EMBED: CK(cu_embed(st, c->out, c->w, c->dtype, c->cols, c->row_bytes, c->ids, c->n)); return;
     case OP_RMSNORM: {

@@ -55,10 +55,9 @@ struct cuda_backend {
     size_t bf_bytes;
     /* what bf holds: the pair of the `pair_count` floats at `pair_of`, written
      * by their producer or by the last split, while nothing but GEMMs has run
-     * since (pair_valid; any other command, upload or replay clears it) */
+     * since (NULL: no known x's; any other command, upload or replay clears it) */
     const float *pair_of;
     size_t pair_count;
-    int pair_valid;
     int pair_fuse; /* producers write the pair (SPARK_CUDA_XPAIR=0: every GEMM splits its own x) */
     long pair_splits, pair_written, pair_reused; /* SPARK_CUDA_VERBOSE */
     void *panel;    /* decoded weight rows, for cuBLAS (a bf16 pair, or float32) */
