@@ -9,6 +9,7 @@
 #   ONLY="spark cuda_bench" bash bench/cuda_carry.sh      (only those binaries packed;
 #                                   cuda_kv_bench is packed only when named)
 #   ONLY=cuda_bench bash bench/cuda_carry.sh build-carry .carry-base
+#   (flash_bench: the prefill attention timed alone, bench/flash_bench.c)
 #                                   (a BASE carry for cuda_longctx_run.sh: no .debs, no wheels)
 #
 # The working tree plus the carries must stay under 64 MiB, and the tracked
@@ -32,6 +33,7 @@ LIBS="-fopenmp -lpcre2-8 -lcjson -lmicrohttpd -lm -lpthread -L$CUDA_HOME/lib64 -
 PACK=${ONLY:-spark cuda_bench cuda_gemv_bench l2_probe flow_probe}
 packs() { [[ " $PACK " == *" $1 "* ]]; } # only what is packed is built
 packs cuda_bench && gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -o "$B/cuda_bench" bench/cuda_bench.c "$B/libspark.a" $LIBS
+packs flash_bench && gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -o "$B/flash_bench" bench/flash_bench.c "$B/libspark.a" $LIBS
 packs cuda_kv_bench && gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -o "$B/cuda_kv_bench" bench/cuda_kv_bench.c "$B/libspark.a" $LIBS
 packs cuda_gemv_bench && nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
     -o "$B/cuda_gemv_bench" bench/cuda_gemv_bench.cu "$B/libspark.a" -lcublas
