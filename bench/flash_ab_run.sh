@@ -5,24 +5,25 @@
 #
 #   ONLY="spark cuda_bench flash_bench" WHEELS=.whl bash bench/cuda_carry.sh build-carry .carry
 #   (in a worktree of the base commit) ONLY="cuda_bench flash_bench" bash bench/cuda_carry.sh build-carry .carry-base
-#   BIN=.carry BASE=.carry-base [SWEEP="base:BIN=base;new:;new1:SPARK_CUDA_FLASH_SPLITS=1"] \
+#   BIN=.carry BASE=.carry-base [SWEEP="base:BIN=base;new:;staged:SPARK_CUDA_FLASH_PRESPLIT=0;new1:SPARK_CUDA_FLASH_SPLITS=1"] \
 #       [PROMPTS="512 512 8192"] [CTX="512 8192"] [TESTK="flash"] bash bench/flash_ab_run.sh
 #
-# The default SWEEP's new1 row sets SPARK_CUDA_FLASH_SPLITS, which the
-# pending bench/pending/flash-balance.patch adds (without it new1 = new).
+# The default SWEEP's staged and new1 rows set SPARK_CUDA_FLASH_PRESPLIT=0
+# and SPARK_CUDA_FLASH_SPLITS=1, which bench/pending/flash-prefill.patch adds
+# (without it they run as new).
 # 1. flash_bench (the prefill, and the attention launches alone with their
 #    useful TFLOP/s) at each of PROMPTS, per SWEEP entry, two rounds
 #    alternated (each run is a new process: its first 512-token prefill pays
 #    cuBLAS's first plans, hence 512 twice); 2. with CTX, cuda_bench's warm
 #    prefill (and decode) at each of CTX the same way; 3. the decode / prefill check against the CPU (4-layer shape);
 #    4. test_cuda.py -k TESTK; 5. memcheck of spark-tiny's prefill in chunks
-#    of 40 (key splits forced to 3, then as chosen).
+#    of 40 (key splits forced to 3, then as chosen; an f16 cache).
 set -u
 OUT=${OUT:-/tmp/flash-ab}
 BIN=${BIN:-.carry}
 . "$(dirname "$0")/device_env.sh"
 carried_start "flash A/B"
-IFS=';' read -r -a CONFIGS <<<"${SWEEP:-base:BIN=base;new:;new1:SPARK_CUDA_FLASH_SPLITS=1}"
+IFS=';' read -r -a CONFIGS <<<"${SWEEP:-base:BIN=base;new:;staged:SPARK_CUDA_FLASH_PRESPLIT=0;new1:SPARK_CUDA_FLASH_SPLITS=1}"
 # flash_one LABEL VARS ROUND: flash_bench's lines for PROMPTS, one note each
 flash_one() {
     local bin=$BIN vars
@@ -47,9 +48,11 @@ stamp "checks vs CPU (4-layer shape)"
 timeout 200 python3 bench/decode_check.py /tmp/m4b2 --prefill default 2>&1 | grep -v "^spark: CUDA" | tee -a "$SUMMARY"
 [ -n "${TESTK-flash}" ] && tests_k "${TESTK-flash}" 300
 IDS=$(python3 -c "print(','.join(str(3 + i * 37 % 3900) for i in range(200)))")
-for sp in 3 0; do
-    SPARK_CUDA_FLASH_SPLITS=$sp timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-        "$SPARK_BIN" logits models/spark-tiny --ids "$IDS" --all --gpu --batch 40 --out /tmp/c.npy >"$OUT/mc$sp.log" 2>&1
-    note "memcheck, prefill in chunks of 40, SPARK_CUDA_FLASH_SPLITS=$sp: rc=$? $(grep 'ERROR SUMMARY' "$OUT/mc$sp.log")"
+for mc in "3 f32" "0 f32" "0 f16"; do
+    set -- $mc
+    SPARK_CUDA_FLASH_SPLITS=$1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+        "$SPARK_BIN" logits models/spark-tiny --ids "$IDS" --all --gpu --batch 40 --kv-type $2 --out /tmp/c.npy \
+        >"$OUT/mc$1$2.log" 2>&1
+    note "memcheck, prefill in chunks of 40, splits ${1/#0/chosen}, $2 cache: rc=$? $(grep 'ERROR SUMMARY' "$OUT/mc$1$2.log")"
 done
 stamp done
