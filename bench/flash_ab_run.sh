@@ -11,13 +11,15 @@
 # The default SWEEP's staged and new1 rows set SPARK_CUDA_FLASH_PRESPLIT=0
 # and SPARK_CUDA_FLASH_SPLITS=1, which bench/pending/flash-prefill.patch adds
 # (without it they run as new).
-# 1. flash_bench (the prefill, and the attention launches alone with their
-#    useful TFLOP/s) at each of PROMPTS, per SWEEP entry, two rounds
+# 1. the decode / prefill check against the CPU (4-layer shape) and
+#    test_cuda.py -k TESTK, while the 36-layer model is written; 2.
+#    flash_bench (the prefill, and the attention launches alone with their
+#    useful TFLOP/s) at each of PROMPTS, per SWEEP entry, ROUNDS (default 2)
 #    alternated (each run is a new process: its first 512-token prefill pays
-#    cuBLAS's first plans, hence 512 twice); 2. with CTX, cuda_bench's warm
-#    prefill (and decode) at each of CTX the same way; 3. the decode / prefill check against the CPU (4-layer shape);
-#    4. test_cuda.py -k TESTK; 5. memcheck of spark-tiny's prefill in chunks
-#    of 40 (key splits forced to 3, then as chosen; an f16 cache).
+#    cuBLAS's first plans, hence 512 twice); 3. with CTX, cuda_bench's warm
+#    prefill (and decode) at each of CTX the same way; 4. memcheck of
+#    spark-tiny's prefill in chunks of 40 (key splits forced to 3, then as
+#    chosen; an f16 cache).
 set -u
 OUT=${OUT:-/tmp/flash-ab}
 BIN=${BIN:-.carry}
@@ -33,23 +35,25 @@ flash_one() {
     grep -v "^spark: CUDA" "$OUT/flash.log" | grep -E "^prefill|rror" | sed "s/^/$1 [$2] round $3: /" |
         tee -a "$SUMMARY"
 }
+# the checks first: they need only the small models; the 36-layer one is written meanwhile
+stamp "checks vs CPU (4-layer shape)"
+wait_model m4b2 120
+timeout 200 python3 bench/decode_check.py /tmp/m4b2 --prefill default 2>&1 | grep -v "^spark: CUDA" | tee -a "$SUMMARY"
+[ -n "${TESTK-flash}" ] && tests_k "${TESTK-flash}" 300
 wait_model m4b 300
 stamp "flash_bench"
-for round in 1 2; do
+for round in $(seq "${ROUNDS:-2}"); do
     for cfg in "${CONFIGS[@]}"; do flash_one "${cfg%%:*}" "${cfg#*:}" $round; done
 done
 for ctx in ${CTX:-}; do
     stamp "cuda_bench, ctx $ctx"
-    for round in 1 2; do
+    for round in $(seq "${ROUNDS:-2}"); do
         for cfg in "${CONFIGS[@]}"; do bench_ctx /tmp/m4b "$ctx" "${cfg%%:*}" "${cfg#*:}" $round; done
     done
 done
-stamp "checks vs CPU (4-layer shape)"
-timeout 200 python3 bench/decode_check.py /tmp/m4b2 --prefill default 2>&1 | grep -v "^spark: CUDA" | tee -a "$SUMMARY"
-[ -n "${TESTK-flash}" ] && tests_k "${TESTK-flash}" 300
 IDS=$(python3 -c "print(','.join(str(3 + i * 37 % 3900) for i in range(200)))")
-for mc in "3 f32" "0 f32" "0 f16"; do
-    set -- $mc
+for mc in ${MEMCHECKS:-3:f32 0:f32 0:f16}; do # SPLITS:CACHE (0: as chosen)
+    set -- ${mc/:/ }
     SPARK_CUDA_FLASH_SPLITS=$1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
         "$SPARK_BIN" logits models/spark-tiny --ids "$IDS" --all --gpu --batch 40 --kv-type $2 --out /tmp/c.npy \
         >"$OUT/mc$1$2.log" 2>&1
