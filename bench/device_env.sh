@@ -111,18 +111,24 @@ probe_card() {
 }
 # type_flags FMT: spark quantize's flags for a QFMTS entry (q4_k_m: llama.cpp's mix, Q6_K in places)
 type_flags() { [ "$1" = q4_k_m ] && echo "--type q4_k --recipe q4_k_m" || echo "--type $1"; }
+# sweep_env VARS: a SWEEP entry's settings (VAR=V,...) as words in
+# SWEEP_VARS, and in SWEEP_BIN the carry they run: $BASE when BIN=base is
+# among them (taken out of SWEEP_VARS), else $BIN.
+sweep_env() {
+    SWEEP_BIN=$BIN
+    SWEEP_VARS=$(echo "$1" | tr ',' ' ')
+    if [[ " $SWEEP_VARS " == *" BIN=base "* ]]; then
+        SWEEP_BIN=$BASE
+        SWEEP_VARS=${SWEEP_VARS/BIN=base/}
+    fi
+}
 # bench_ctx MODEL CTX LABEL VARS ROUND: cuda_bench's prefill / decode / generate
 # lines for a CTX-token prefill and BENCH_DECODE (default 128) decoded tokens,
-# one note; VARS (VAR=V,...) set for it, BIN=base among them: the BASE carry's
-# cuda_bench.
+# one note; VARS (sweep_env) set for it.
 bench_ctx() {
-    local line bin=$BIN vars
-    vars=$(echo "$4" | tr ',' ' ')
-    if [[ " $vars " == *" BIN=base "* ]]; then
-        bin=$BASE
-        vars=${vars/BIN=base/}
-    fi
-    line=$(env $vars timeout 150 "$bin/cuda_bench" "$1" --ctx $(($2 + 788)) --prefill "$2" \
+    local line
+    sweep_env "$4"
+    line=$(env $SWEEP_VARS timeout 150 "$SWEEP_BIN/cuda_bench" "$1" --ctx $(($2 + 788)) --prefill "$2" \
         --decode "${BENCH_DECODE:-128}" ${CARD_TBS:+--card-tbs $CARD_TBS} 2>&1 | tee -a "$OUT/bench.log" |
         grep -E "^(prefill|decode|generate \(greedy|card)|rror" | tr '\n' ' ')
     note "$(basename "$1") ctx $2 $3 [$4] round $5: $line"

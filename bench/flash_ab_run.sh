@@ -28,10 +28,8 @@ carried_start "flash A/B"
 IFS=';' read -r -a CONFIGS <<<"${SWEEP:-base:BIN=base;new:;staged:SPARK_CUDA_FLASH_PRESPLIT=0;new1:SPARK_CUDA_FLASH_SPLITS=1}"
 # flash_one LABEL VARS ROUND: flash_bench's lines for PROMPTS, one note each
 flash_one() {
-    local bin=$BIN vars
-    vars=$(echo "$2" | tr ',' ' ')
-    if [[ " $vars " == *" BIN=base "* ]]; then bin=$BASE; vars=${vars/BIN=base/}; fi
-    env $vars timeout 150 "$bin/flash_bench" /tmp/m4b --ctx 9000 ${PROMPTS:-512 512 8192} >"$OUT/flash.log" 2>&1
+    sweep_env "$2"
+    env $SWEEP_VARS timeout 150 "$SWEEP_BIN/flash_bench" /tmp/m4b --ctx 9000 ${PROMPTS:-512 512 8192} >"$OUT/flash.log" 2>&1
     grep -v "^spark: CUDA" "$OUT/flash.log" | grep -E "^prefill|rror" | sed "s/^/$1 [$2] round $3: /" |
         tee -a "$SUMMARY"
 }

@@ -190,17 +190,16 @@ struct cmd {
  * being captured), a zero-filled command of an op, and the fused GEMV of a
  * plain matmul. */
 void run_cmd(cuda_backend *cb, const cmd *c);
-/* What bf holds is no longer known to be any x's pair: device memory was
- * written outside run_cmd (an upload, a replayed step) or freed. */
-void pair_forget(cuda_backend *cb);
 cmd new_cmd(int op, int n);
 /* cuda_gemm.cu: a product (the fused GEMV, GEMVs or a GEMM, by tokens and
  * format); the pair a prompt's producer writes beside its output of `count`
  * floats (none inside a decode step); a GEMM's output ending a remembered
- * pair it overlaps. */
+ * pair it overlaps; and the end of what bf is known to hold, when device
+ * memory is written outside run_cmd (an upload, a replayed step) or freed. */
 void run_matmul(cuda_backend *cb, const cmd *c);
 cu_pair producer_pair(cuda_backend *cb, const cmd *c, const float *out, size_t count);
 void pair_check_output(cuda_backend *cb, const cmd *c);
+void pair_forget(cuda_backend *cb);
 /* A fused GEMV of one single-token matmul's matrix: every other field zero
  * (no norm, no second matrix, no residual). */
 cu_fgemv_args fgemv_of_matmul(const cmd *m);
